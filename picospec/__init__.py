@@ -1,0 +1,11 @@
+"""picospec: speculative sampling on GPT-2, from scratch in JAX."""
+
+from picospec.config import GPT2Config
+from picospec.errors import PicospecError
+from picospec.gpt2 import KVCache, Model, forward, init_cache, logits
+from picospec.weights import load_model, load_tokenizer
+
+__all__ = [
+    "GPT2Config", "KVCache", "Model", "PicospecError",
+    "forward", "init_cache", "load_model", "load_tokenizer", "logits",
+]

@@ -1,0 +1,54 @@
+"""GPT-2 hyperparameters, read from a checkpoint's config.json."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from picospec.errors import PicospecError
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block (gpt2-xl has 25: nothing assumes a power of two)
+    n_embd: int = 768  # C, the residual width; each head has C // n_head channels
+    n_positions: int = 1024  # context length: rows of wpe, and the KV cache's capacity
+    vocab_size: int = 50257  # rows of wte, which doubles as the (tied) LM head
+    layer_norm_epsilon: float = 1e-5
+    eos_token_id: int | None = 50256  # <|endoftext|>; None if the checkpoint does not say
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_json(cls, path: Path) -> "GPT2Config":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise PicospecError(f"cannot read {path}: {e}; is this a GPT-2 checkpoint folder?") from None
+        if raw.get("model_type", "gpt2") != "gpt2":
+            raise PicospecError(f"{path} describes a {raw['model_type']!r} model; picospec runs GPT-2 only")
+        if raw.get("n_inner") not in (None, 4 * raw.get("n_embd", 0)) or \
+                raw.get("activation_function", "gelu_new") != "gelu_new":
+            raise PicospecError(f"{path}: only GPT-2's own MLP (n_inner = 4 n_embd, gelu_new) is supported")
+        fields = {f: raw[f] for f in cls.__dataclass_fields__ if f in raw}
+        missing = {"n_layer", "n_head", "n_embd", "vocab_size"} - fields.keys()
+        if missing:
+            raise PicospecError(f"{path} lacks {', '.join(sorted(missing))}; is this a GPT-2 config.json?")
+        config = cls(**fields)
+        if config.n_embd % config.n_head:
+            raise PicospecError(f"{path}: n_embd={config.n_embd} is not divisible by n_head={config.n_head}")
+        return config
+
+    def to_json(self) -> dict:
+        """The fields transformers' GPT2Config reads, so transformers can load what we write."""
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "activation_function": "gelu_new",
+            "n_ctx": self.n_positions,
+            "bos_token_id": self.eos_token_id,
+            "tie_word_embeddings": True,
+            **{f: getattr(self, f) for f in self.__dataclass_fields__},
+        }

@@ -1,0 +1,158 @@
+"""GPT-2 in JAX: the forward pass, with a tiny explicit KV cache.
+
+Params are a plain pytree named after the checkpoint's own tensors (`h[3]["attn"]["c_attn"]["weight"]`
+is `h.3.attn.c_attn.weight`), in GPT-2's Conv1D layout: weights are [in, out], so `x @ w + b`.
+
+Notation: T = tokens fed in this call, S = the cache's capacity (max_len), C = n_embd,
+H = n_head, D = C // H, V = vocab_size.
+
+The cache is fixed buffers plus a length. A call writes its T keys/values at [length, length + T)
+with `lax.dynamic_update_slice` and returns length + T. Rolling back is setting the length back:
+slots at or beyond the length are stale, and the causal mask never lets a query see them.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from picospec.config import GPT2Config
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["params"], meta_fields=["config"])
+@dataclass(frozen=True)
+class Model:
+    config: GPT2Config  # static: part of what jit compiles for
+    params: dict  # the checkpoint's tensors, as jax arrays
+
+
+class KVCache(NamedTuple):
+    k: list  # n_layer x [S, C]: each layer's keys, slot s holding position s
+    v: list  # n_layer x [S, C]: values
+    length: jax.Array  # int32 []: slots [0, length) are valid, the rest are stale
+
+
+def init_cache(config: GPT2Config, max_len: int | None = None, dtype=jnp.float32) -> KVCache:
+    """An empty cache holding up to `max_len` (default n_positions) positions."""
+    shape = (max_len or config.n_positions, config.n_embd)
+    buffers = lambda: [jnp.zeros(shape, dtype) for _ in range(config.n_layer)]  # noqa: E731
+    return KVCache(buffers(), buffers(), jnp.array(0, jnp.int32))
+
+
+def gelu(x):  # GPT-2's "gelu_new" is the tanh approximation
+    return jax.nn.gelu(x, approximate=True)
+
+
+def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
+    x32 = x.astype(jnp.float32)  # statistics in float32, even for bfloat16 params
+    mean = x32.mean(-1, keepdims=True)  # [T, 1]
+    var = x32.var(-1, keepdims=True)  # [T, 1]
+    return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype) * weight + bias
+
+
+def linear(x, weight, bias):  # [T, in], [in, out], [out] -> [T, out]
+    return x @ weight + bias
+
+
+def attention(q, k, v, q_pos, n_head):  # [T, C], [S, C], [S, C], [T] -> [T, C]
+    T, C = q.shape
+    S = k.shape[0]
+    q = q.reshape(T, n_head, C // n_head)  # [T, H, D]
+    k = k.reshape(S, n_head, C // n_head)  # [S, H, D]
+    v = v.reshape(S, n_head, C // n_head)  # [S, H, D]
+    scores = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(C // n_head).astype(q.dtype)  # [H, T, S]
+    # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
+    # and it also hides every stale slot, since those all lie beyond the newest position.
+    visible = jnp.arange(S)[None, :] <= q_pos[:, None]  # [T, S]
+    scores = jnp.where(visible, scores.astype(jnp.float32), -jnp.inf)  # [H, T, S]
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [H, T, S]
+    return jnp.einsum("hts,shd->thd", weights, v).reshape(T, C)  # [T, C]
+
+
+def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps):
+    """One transformer block: x [T, C] at positions q_pos [T], with this layer's cache buffers
+    k_cache, v_cache [S, C]. Returns x [T, C] and the buffers with this call's keys/values written."""
+    h = layer_norm(x, ln_1["weight"], ln_1["bias"], eps)  # [T, C]
+    q, k, v = jnp.split(linear(h, **attn["c_attn"]), 3, axis=-1)  # [T, C] -> [T, 3C] -> 3 x [T, C]
+    start = q_pos[0]
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (start, 0))  # [S, C]
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (start, 0))  # [S, C]
+    x = x + linear(attention(q, k_cache, v_cache, q_pos, n_head), **attn["c_proj"])  # [T, C]
+    h = layer_norm(x, ln_2["weight"], ln_2["bias"], eps)  # [T, C]
+    x = x + linear(gelu(linear(h, **mlp["c_fc"])), **mlp["c_proj"])  # [T, C] -> [T, 4C] -> [T, C]
+    return x, k_cache, v_cache
+
+
+def transformer(params, tokens, cache: KVCache, config: GPT2Config):
+    """The trunk: tokens [T] at positions [cache.length, cache.length + T) -> hidden [T, C], cache."""
+    q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
+    # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
+    x = params["wte"]["weight"][tokens] + params["wpe"]["weight"][q_pos]  # [T, C]
+    k_all, v_all = [], []
+    for layer, k_cache, v_cache in zip(params["h"], cache.k, cache.v):
+        x, k_cache, v_cache = block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
+                                   eps=config.layer_norm_epsilon)
+        k_all.append(k_cache)
+        v_all.append(v_cache)
+    x = layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon)  # [T, C]
+    return x, KVCache(k_all, v_all, cache.length + tokens.shape[0])
+
+
+def lm_head(params, x):  # [T, C] -> [T, V]; the head is tied to the token embedding
+    return (x @ params["wte"]["weight"].T).astype(jnp.float32)
+
+
+@partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def forward(params, tokens, cache: KVCache, config: GPT2Config):
+    """Feed `tokens` after what `cache` holds.
+
+    Args:
+      params: the checkpoint's tensors (see module docstring).
+      tokens: int32 [T], placed at positions [cache.length, cache.length + T).
+      cache: KVCache; donated (updated in place), so do not reuse the one you pass in.
+      config: the model's GPT2Config (static).
+    Returns:
+      logits: float32 [T, V], the next-token logits after each fed token.
+      cache: the KVCache with these T positions written and length + T.
+    The caller keeps cache.length + T <= S.
+    """
+    x, cache = transformer(params, tokens, cache, config)
+    return lm_head(params, x), cache
+
+
+def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp.float32) -> dict:
+    """Random GPT-2 params (GPT-2's own init: N(0, std), residual projections scaled by depth)."""
+    C, L = config.n_embd, config.n_layer
+    keys = iter(jax.random.split(key, 2 + 4 * L))
+
+    def dense(n_in, n_out, scale=1.0):
+        w = std * scale * jax.random.normal(next(keys), (n_in, n_out))
+        return {"weight": w.astype(dtype), "bias": jnp.zeros(n_out, dtype)}
+
+    def norm():
+        return {"weight": jnp.ones(C, dtype), "bias": jnp.zeros(C, dtype)}
+
+    proj_scale = (2 * L) ** -0.5
+    return {
+        "wte": {"weight": (std * jax.random.normal(next(keys), (config.vocab_size, C))).astype(dtype)},
+        "wpe": {"weight": (std * jax.random.normal(next(keys), (config.n_positions, C))).astype(dtype)},
+        "h": [
+            {
+                "ln_1": norm(),
+                "attn": {"c_attn": dense(C, 3 * C), "c_proj": dense(C, C, proj_scale)},
+                "ln_2": norm(),
+                "mlp": {"c_fc": dense(C, 4 * C), "c_proj": dense(4 * C, C, proj_scale)},
+            }
+            for _ in range(L)
+        ],
+        "ln_f": norm(),
+    }
+
+
+def logits(model: Model, tokens) -> jax.Array:
+    """A full forward pass over `tokens` [T] from an empty cache -> float32 logits [T, V]. For checks."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    cache = init_cache(model.config, len(tokens), model.params["wte"]["weight"].dtype)
+    return forward(model.params, tokens, cache, model.config)[0]

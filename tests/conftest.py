@@ -1,0 +1,44 @@
+import os
+
+# No test reaches the network: the hub client must answer from its cache or fail fast.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from picospec.config import GPT2Config  # noqa: E402
+from picospec.gpt2 import Model, init_params  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+
+def random_model(seed=0, n_layer=2, n_head=2, n_embd=16, vocab_size=8, n_positions=64, std=0.5):
+    """A small random GPT-2 whose next-token distributions are far from uniform."""
+    config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                        vocab_size=vocab_size, eos_token_id=vocab_size - 1)
+    return Model(config, init_params(config, jax.random.key(seed), std=std))
+
+
+class CompileCounter:
+    """Counts XLA compilations while active (jax reports each backend compile as an event)."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+_counter = None
+
+
+@pytest.fixture
+def compiles():
+    global _counter
+    _counter = _counter or CompileCounter()
+    return _counter

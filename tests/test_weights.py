@@ -1,0 +1,157 @@
+"""Finding and loading checkpoints: names, the hub cache, layouts, and every loader error."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import DATA
+from safetensors.numpy import load_file, save_file
+
+import picospec
+from picospec import PicospecError, weights
+
+SOURCE = DATA / "tiny-hub"
+
+
+def copy_checkpoint(tmp_path, edit=None):
+    """A copy of tiny-hub whose tensors `edit(dict)` may change."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(SOURCE, folder)
+    if edit:
+        tensors = load_file(folder / "model.safetensors")
+        edit(tensors)
+        save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def test_both_key_layouts_load_to_the_same_tree_and_skip_mask_buffers():
+    hub = picospec.load_model(str(DATA / "tiny-hub"))
+    prefixed = picospec.load_model(str(DATA / "tiny-prefixed"))
+    assert hub.config.n_head == 3 and prefixed.config.n_head == 4
+    assert sorted(hub.params) == sorted(prefixed.params) == ["h", "ln_f", "wpe", "wte"]
+    assert sorted(hub.params["h"][1]["attn"]) == ["c_attn", "c_proj"]  # no bias/masked_bias
+    stored = load_file(SOURCE / "model.safetensors")["h.1.attn.c_attn.weight"]
+    np.testing.assert_array_equal(hub.params["h"][1]["attn"]["c_attn"]["weight"], stored)  # Conv1D as is
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.pop("h.1.mlp.c_fc.bias"), "missing tensor h.1.mlp.c_fc.bias"),
+    (lambda t: t.update({"h.0.mlp.extra": np.zeros(3, np.float32)}), "unexpected tensor h.0.mlp.extra"),
+    (lambda t: t.update({"wpe.weight": t["wpe.weight"][:10]}), "tensor wpe.weight has shape (10, 24)"),
+])
+def test_bad_tensors_are_named(tmp_path, edit, message):
+    folder = copy_checkpoint(tmp_path, edit)
+    with pytest.raises(PicospecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        picospec.load_model(str(folder))
+
+
+def test_truncated_file_is_reported(tmp_path):
+    folder = copy_checkpoint(tmp_path)
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(PicospecError, match="model.safetensors is truncated or corrupt at tensor"):
+        picospec.load_model(str(folder))
+
+
+@pytest.mark.parametrize("content", [b"", b"\x05", b"garbage!" * 10, (20).to_bytes(8, "little") + b"{not json" * 3])
+def test_corrupt_header_is_reported(tmp_path, content):
+    folder = copy_checkpoint(tmp_path)
+    (folder / "model.safetensors").write_bytes(content)
+    with pytest.raises(PicospecError, match="model.safetensors is not a valid safetensors file"):
+        picospec.load_model(str(folder))
+
+
+def test_pickle_only_checkpoint_is_refused_without_unpickling(tmp_path):
+    folder = copy_checkpoint(tmp_path)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not to be unpickled")
+    with pytest.raises(PicospecError, match="only pytorch_model.bin, a pickle"):
+        picospec.load_model(str(folder))
+
+
+def test_unknown_dtype_unknown_name_and_missing_folder():
+    with pytest.raises(PicospecError, match="unknown dtype 'int8'; use one of float32, bfloat16, float16"):
+        picospec.load_model(str(SOURCE), dtype="int8")
+    with pytest.raises(PicospecError, match="not a known model"):
+        picospec.load_model("gpt3")
+    with pytest.raises(PicospecError, match="no folder './no/such/folder'"):
+        picospec.load_model("./no/such/folder")
+
+
+def test_config_of_another_architecture_is_refused(tmp_path):
+    folder = copy_checkpoint(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(PicospecError, match="'llama' model; picospec runs GPT-2 only"):
+        picospec.load_model(str(folder))
+
+
+def test_names_map_to_the_openai_hub_repos(monkeypatch):
+    asked = []
+    monkeypatch.setattr(weights, "hf_hub_download", lambda repo, filename: asked.append(repo) or "x")
+    for name in ["gpt2", "124M", "gpt2-medium", "355M", "gpt2-large", "774M", "gpt2-xl", "1558M",
+                 "someone/my-gpt2"]:
+        weights.checkpoint_file(name, "config.json")
+    assert asked == ["openai-community/gpt2"] * 2 + ["openai-community/gpt2-medium"] * 2 + \
+        ["openai-community/gpt2-large"] * 2 + ["openai-community/gpt2-xl"] * 2 + ["someone/my-gpt2"]
+
+
+def test_offline_with_an_empty_cache_says_what_to_do(tmp_path):
+    code = "import picospec; picospec.load_model('gpt2')"
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "cannot get config.json of openai-community/gpt2" in out.stderr
+    assert "HF_HUB_OFFLINE" in out.stderr and "local folder" in out.stderr
+
+
+def test_hub_name_loads_from_a_populated_cache_offline(tmp_path):
+    # The hub cache layout that hf_hub_download (and transformers) share: refs/main names a
+    # snapshot folder holding the files.
+    repo = tmp_path / "hub" / "models--openai-community--gpt2"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(SOURCE, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = ("import picospec, numpy as np; m = picospec.load_model('124M'); t = picospec.load_tokenizer('gpt2');"
+            "print(m.config.n_head, t.get_vocab_size(), float(np.abs(picospec.logits(m, [1, 2, 3])).sum()))")
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    expected = float(np.abs(picospec.logits(picospec.load_model(str(SOURCE)), [1, 2, 3])).sum())
+    n_head, vocab, total = out.stdout.split()
+    assert (int(n_head), int(vocab)) == (3, 300)
+    assert float(total) == pytest.approx(expected, rel=1e-6)
+
+
+PEAK_SCRIPT = """
+import sys, jax, jax.numpy as jnp
+jnp.ones(1).block_until_ready()
+import picospec
+def status(field):  # bytes; VmHWM is this process's peak (ru_maxrss would include the parent's)
+    line = next(l for l in open('/proc/self/status') if l.startswith(field + ':'))
+    return int(line.split()[1]) * 1024
+before = status('VmRSS')
+model = picospec.load_model(sys.argv[1], dtype=sys.argv[2])
+size = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+print((status('VmHWM') - before) / size)
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
+    # 150 MB of float32 weights: big enough that an extra full copy would show.
+    config = picospec.GPT2Config(n_layer=12, n_head=8, n_embd=512, n_positions=256, vocab_size=1000)
+    params = weights.init_params(config, weights.jax.random.key(0))
+    flat = {weights._dotted(p): np.asarray(x) for p, x in weights.jax.tree_util.tree_flatten_with_path(params)[0]}
+    folder = tmp_path / "big"
+    folder.mkdir()
+    save_file(flat, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config.to_json()))
+    del params, flat
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(folder), dtype], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 1.3, f"peak resident memory was {float(out.stdout):.2f}x the weights"
