@@ -1,0 +1,23 @@
+"""Pearson's chi-square test, shared by the distribution tests."""
+
+import numpy as np
+from scipy.stats import chisquare
+
+# A law passes when p > PASS; the wrong-sampler controls must fall below FAIL. With fixed seeds the
+# outcome is deterministic; the gap between the two thresholds leaves room for noise in either.
+PASS = 1e-3
+FAIL = 1e-6
+
+
+def chi_square_p(samples, probs) -> float:
+    """p-value that integer `samples` were drawn from `probs`. Outcomes of probability 0 must never
+    occur (that is asserted, not tested); cells expecting fewer than 5 counts are pooled."""
+    probs = np.asarray(probs, np.float64)
+    counts = np.bincount(np.asarray(samples).ravel(), minlength=probs.size)
+    assert counts[probs == 0].sum() == 0, "a sample of probability 0 occurred"
+    expected = counts.sum() * probs / probs.sum()
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep]).pvalue

@@ -1,0 +1,97 @@
+"""Standardized sampling (temperature, top-k, top-p) and the autoregressive sampler."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import random_model
+from stats import PASS, chi_square_p
+
+import picospec
+from picospec import PicospecError, Sampling
+from picospec.sampling import logits_to_probs
+
+LOGITS = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
+
+
+def test_temperature_zero_is_exactly_one_hot_argmax():
+    probs = logits_to_probs(LOGITS, Sampling(temperature=0.0))
+    np.testing.assert_array_equal(probs, np.eye(6)[5])
+
+
+def test_temperature_scales_logits_before_softmax():
+    np.testing.assert_allclose(logits_to_probs(LOGITS, Sampling(0.5)), jax.nn.softmax(LOGITS / 0.5), rtol=1e-6)
+
+
+def test_top_k_keeps_the_k_most_likely():
+    probs = logits_to_probs(LOGITS, Sampling(1.0, top_k=2))
+    expected = np.zeros(6)
+    expected[[0, 5]] = jax.nn.softmax(jnp.array([2.0, 3.0]))
+    np.testing.assert_allclose(probs, expected, rtol=1e-6)
+
+
+def test_top_p_keeps_the_fewest_tokens_reaching_the_mass():
+    full = np.asarray(jax.nn.softmax(LOGITS))  # sorted: 5 (0.61), 0 (0.22), 1 (0.08), ...
+    probs = logits_to_probs(LOGITS, Sampling(1.0, top_p=0.7))
+    kept = np.zeros(6)
+    kept[[5, 0]] = full[[5, 0]]
+    np.testing.assert_allclose(probs, kept / kept.sum(), rtol=1e-6)
+    np.testing.assert_allclose(logits_to_probs(LOGITS, Sampling(1.0, top_p=0.5)), np.eye(6)[5], rtol=1e-6)
+
+
+def test_top_k_then_top_p_compose_in_that_order():
+    # top-k=3 renormalizes over {5, 0, 1}; top-p=0.9 of *that* drops token 1 (0.66 + 0.24 >= 0.9).
+    probs = logits_to_probs(LOGITS, Sampling(1.0, top_k=3, top_p=0.9))
+    assert np.count_nonzero(probs) == 2 and probs[5] > probs[0] > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(top_k=-2), "top-k must be a whole number >= 0"),
+    (dict(top_p=0.0), r"top-p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top-p must be in \(0, 1\]"),
+])
+def test_bad_sampling_options_are_refused(kwargs, message):
+    with pytest.raises(PicospecError, match=message):
+        Sampling(**kwargs)
+
+
+def test_autoregressive_first_token_follows_the_model_law():
+    model = random_model(seed=4, vocab_size=6)
+    prompt = [1, 2]
+    sampling = Sampling(0.8, top_k=4)
+    law = logits_to_probs(picospec.logits(model, prompt)[-1], sampling)
+    keys = jax.random.split(jax.random.key(0), 8000)
+    first = jax.vmap(lambda k: picospec.autoregressive_sample(model, prompt, 1, k, temperature=0.8, top_k=4))(keys)
+    assert chi_square_p(first, law) > PASS
+
+
+def test_autoregressive_greedy_matches_argmax_of_full_forward():
+    model = random_model(seed=5)
+    tokens = [3, 1, 4]
+    out = picospec.autoregressive_sample(model, tokens, 12, jax.random.key(0), temperature=0)
+    for t in np.asarray(out):  # each token is the argmax after everything before it
+        assert t == int(jnp.argmax(picospec.logits(model, tokens)[-1]))
+        tokens.append(int(t))
+
+
+def test_stop_at_eos_pads_with_eos_and_otherwise_runs_on():
+    model = random_model(seed=6, vocab_size=4)  # eos is token 3: it comes up soon
+    eos = model.config.eos_token_id
+    out = np.asarray(picospec.autoregressive_sample(model, [0], 40, jax.random.key(1), stop_at_eos=True))
+    first = int(np.argmax(out == eos))
+    assert out[first] == eos and (out[first:] == eos).all() and first < 39
+    free = np.asarray(picospec.autoregressive_sample(model, [0], 40, jax.random.key(1)))
+    np.testing.assert_array_equal(free[:first + 1], out[:first + 1])  # the same key, the same start
+    assert (free[first:] != eos).any()
+
+
+def test_context_overflow_and_empty_prompt_are_refused():
+    model = random_model(n_positions=32)
+    with pytest.raises(PicospecError, match="exceeds the model's context of 32"):
+        picospec.autoregressive_sample(model, [1] * 20, 14, jax.random.key(0))
+    picospec.autoregressive_sample(model, [1] * 20, 13, jax.random.key(0))  # exactly fits
+    with pytest.raises(PicospecError, match="prompt is empty"):
+        picospec.autoregressive_sample(model, [], 5, jax.random.key(0))
+    with pytest.raises(PicospecError, match="n-tokens must be >= 1"):
+        picospec.autoregressive_sample(model, [1], 0, jax.random.key(0))
