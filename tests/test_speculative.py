@@ -193,10 +193,14 @@ def test_exactly_n_tokens_and_stop_at_eos():
         tokens, trace = picospec.speculative_sample(DRAFT, TARGET, PROMPT, n, jax.random.key(n), K=4)
         assert tokens.shape == (n,)
     eos = TARGET.config.eos_token_id
-    tokens, trace = picospec.speculative_sample(DRAFT, TARGET, PROMPT, 50, jax.random.key(0), K=4, stop_at_eos=True)
+    key = jax.random.key(1)  # with this key, eos (token 5) first comes at position 3
+    free, _ = picospec.speculative_sample(DRAFT, TARGET, PROMPT, 50, key, K=4)
+    tokens, trace = picospec.speculative_sample(DRAFT, TARGET, PROMPT, 50, key, K=4, stop_at_eos=True)
     tokens = np.asarray(tokens)
     first = int(np.argmax(tokens == eos))
-    assert tokens[first] == eos and (tokens[first:] == eos).all()
+    assert tokens[first] == eos and (tokens[first:] == eos).all() and first < 49
+    np.testing.assert_array_equal(tokens[:first + 1], np.asarray(free)[:first + 1])
+    assert (np.asarray(free)[first:] != eos).any()  # without the option it runs on
     a = np.asarray(trace.n_accepted[:int(trace.n_steps)])
     assert first < sum(a + 1) <= first + 5  # it stopped in the iteration that produced eos
 
