@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from huggingface_hub import hf_hub_download
+from safetensors.numpy import save_file
 from huggingface_hub import errors as hub_errors
 from tokenizers import Tokenizer
 
@@ -187,3 +188,12 @@ def _bare(key: str) -> str:  # transformers' save_pretrained prefixes the hub's 
 
 def _dotted(key_path) -> str:  # (DictKey('h'), SequenceKey(0), DictKey('ln_1'), ...) -> "h.0.ln_1..."
     return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
+
+
+def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path):
+    """Write a Hugging Face GPT-2 folder (hub key names, float32) that picospec and transformers load."""
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = {_dotted(p): np.asarray(x, np.float32) for p, x in jax.tree_util.tree_flatten_with_path(model.params)[0]}
+    save_file(flat, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(model.config.to_json(), indent=2) + "\n")
+    tokenizer.save(str(folder / "tokenizer.json"))

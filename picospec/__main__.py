@@ -1,0 +1,5 @@
+import sys
+
+from picospec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""Running a sampler one iteration at a time, so the CLI and notebooks can show each as it happens.
+
+The step functions are the very ones `speculative_sample` and `autoregressive_sample` loop over inside
+`lax.while_loop`; here a Python loop drives them, compiled ahead of time so that compile time is
+measured apart, and reads back one small record per iteration.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+
+from picospec.gpt2 import Model
+from picospec.sampling import DecodeState, Sampling, autoregressive_step, buffers, prefill
+from picospec.speculative import check_pair, speculative_step, start
+
+
+@dataclass
+class Step:
+    """What one iteration added. For a speculative iteration, `drafted[:accepted]` were accepted and
+    `tokens[-1]` is the resample or bonus; an autoregressive step has only `tokens`."""
+
+    tokens: list[int]  # the tokens appended, cut at n_tokens
+    drafted: list[int] = field(default_factory=list)
+    accepted: int = 0
+    bonus: bool = False
+    p: list[float] = field(default_factory=list)  # p[i](d_i), the draft's probability of d_i
+    q: list[float] = field(default_factory=list)  # q[i](d_i), the target's
+    u: list[float] = field(default_factory=list)  # the uniforms: accept iff u < q / p
+
+
+@dataclass
+class Timing:
+    compile_seconds: float = 0.0  # ahead-of-time compilation of prefill and step
+    seconds: float = 0.0  # running them: prefill and every iteration
+
+
+def _compile(fn, *args, static=(), donate=(), **static_values):
+    """jit `fn`, compile it for these arguments; returns (compiled, seconds it took)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn, static_argnames=static, donate_argnames=donate).lower(*args, **static_values).compile()
+    return compiled, time.perf_counter() - t0
+
+
+def stream_speculative(draft: Model, target: Model, prompt, n_tokens: int, key, *, K: int,
+                       sampling: Sampling, eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
+    """Yield one Step per iteration of speculative sampling (the same law as speculative_sample)."""
+    timing = timing or Timing()
+    check_pair(draft, target, K)
+    tokens, prefill_len, max_len = buffers(prompt, n_tokens, K, target.config)
+    static = dict(K=K, prefill_len=prefill_len, max_len=max_len)
+    init, s1 = _compile(start, draft, target, tokens, len(prompt), key, static=tuple(static), **static)
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(init(draft, target, tokens, len(prompt), key))
+    timing.seconds += time.perf_counter() - t0
+    step, s2 = _compile(speculative_step, draft, target, state, static=("K", "sampling", "eos_id"),
+                        donate=("state",), K=K, sampling=sampling, eos_id=eos_id)
+    timing.compile_seconds += s1 + s2
+    produced = 0
+    while produced < n_tokens:
+        t0 = time.perf_counter()
+        state = step(draft, target, state)
+        record = trace_step(state.trace, int(state.trace.n_steps) - 1, n_tokens - produced)
+        timing.seconds += time.perf_counter() - t0
+        produced += len(record.tokens)
+        yield record
+        if eos_id in record.tokens:
+            break
+
+
+def trace_step(trace, i: int, n_left: int) -> Step:
+    """Row i of a Trace as a Step, its tokens cut to the n_left still wanted."""
+    drafted, a, extra, bonus, p, q, u = jax.device_get(
+        (trace.drafted[i], trace.n_accepted[i], trace.extra[i], trace.bonus[i], trace.p[i], trace.q[i], trace.u[i]))
+    tokens = [int(t) for t in drafted[:a]] + [int(extra)]
+    return Step(tokens[:n_left], drafted.tolist(), int(a), bool(bonus), p.tolist(), q.tolist(), u.tolist())
+
+
+def trace_steps(trace, n_tokens: int) -> list[Step]:
+    """Every iteration of a Trace (from speculative_sample) as Steps, cut at n_tokens in all."""
+    steps = []
+    for i in range(int(trace.n_steps)):
+        steps.append(trace_step(trace, i, n_tokens - sum(len(s.tokens) for s in steps)))
+    return steps
+
+
+def stream_autoregressive(model: Model, prompt, n_tokens: int, key, *, sampling: Sampling,
+                          eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
+    """Yield one Step per token of plain autoregressive sampling."""
+    timing = timing or Timing()
+    tokens, prefill_len, max_len = buffers(prompt, n_tokens, 0, model.config)
+    n = jnp.int32(len(prompt))
+    fill, s1 = _compile(prefill, model, tokens, n, static=("prefill_len", "max_len"),
+                        prefill_len=prefill_len, max_len=max_len)
+    t0 = time.perf_counter()
+    state = DecodeState(jnp.asarray(tokens), n, jax.block_until_ready(fill(model, tokens, n)), key,
+                        jnp.array(False))
+    timing.seconds += time.perf_counter() - t0
+    step, s2 = _compile(autoregressive_step, model, state, static=("sampling", "eos_id"), donate=("state",),
+                        sampling=sampling, eos_id=eos_id)
+    timing.compile_seconds += s1 + s2
+    for i in range(n_tokens):
+        t0 = time.perf_counter()
+        state = step(model, state)
+        token = int(state.tokens[len(prompt) + i])
+        timing.seconds += time.perf_counter() - t0
+        yield Step([token])
+        if token == eos_id:
+            break

@@ -1,0 +1,153 @@
+"""`python -m picospec`: good runs in every mode, colours, and a one-line error for each bad input."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import DATA
+
+from picospec import cli
+from picospec.stream import Step
+
+PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([*argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("mode", ["speculative", "autoregressive"])
+def test_json_run_adds_up(capsys, mode):
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--K", "3",
+                           "--temperature", "0.8", "--mode", mode, "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) == {"text", "tokens", "prompt_tokens", "steps", "stats"}
+    stats = result["stats"]
+    assert len(result["tokens"]) == stats["n_tokens"] == 12
+    assert stats["n_steps"] == len(result["steps"])
+    assert sum(len(s["tokens"]) for s in result["steps"]) == 12
+    assert stats["tokens_per_step"] == pytest.approx(12 / stats["n_steps"])
+    assert stats["compile_seconds"] > 0 and stats["seconds"] > 0
+    assert stats["tokens_per_second"] == pytest.approx(12 / stats["seconds"])
+    if mode == "speculative":
+        accepted = sum(s["accepted"] for s in result["steps"])
+        assert stats["acceptance_rate"] == pytest.approx(accepted / (3 * stats["n_steps"]))
+        for s in result["steps"]:  # every step: accepted drafts, then one resample or bonus
+            assert s["tokens"] == (s["drafted"][:s["accepted"]] + s["tokens"][-1:])[:len(s["tokens"])]
+            assert s["bonus"] == (s["accepted"] == 3)
+    else:
+        assert stats["n_steps"] == 12 and stats["acceptance_rate"] is None
+
+
+def test_compare_mode_greedy_is_identical_and_reports_speedup(capsys):
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "To be", "--n-tokens", "15", "--mode", "compare", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["identical"] is True
+    assert result["autoregressive"]["tokens"] == result["speculative"]["tokens"]
+    ar, spec = result["autoregressive"]["stats"], result["speculative"]["stats"]
+    assert result["speedup"] == pytest.approx(spec["tokens_per_second"] / ar["tokens_per_second"])
+
+
+def test_streamed_text_and_summary(capsys):
+    code, out, err = run_cli(capsys, *PAIR, "--prompt", "All that", "--n-tokens", "8", "--mode", "compare")
+    assert code == 0
+    assert out.count("All that") == 2 and "--- speculative ---" in out
+    assert "\033[" not in out  # not a terminal: no colour
+    assert "[speculative] 8 tokens" in err and "target calls" in err and "compile" in err
+    assert "greedy outputs identical" in err
+
+
+def test_empty_prompt_starts_from_endoftext(capsys):
+    code, out, _ = run_cli(capsys, *PAIR, "--n-tokens", "3", "--json")
+    assert code == 0 and json.loads(out)["prompt_tokens"] == [0]
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_colours_on_a_terminal_and_no_color(monkeypatch):
+    tokenizer = cli.load_tokenizer(str(DATA / "tiny-hub"))
+    step = Step(tokens=[40, 41, 42], drafted=[40, 41, 50], accepted=2)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = FakeTerminal()
+    cli._show(out, tokenizer, [], step, "speculative", "")
+    text = out.getvalue()
+    assert "\033[32m" in text and "\033[33m" in text and "\033[9;31m" in text  # accepted, resample, rejected
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = FakeTerminal()
+    cli._show(out, tokenizer, [], step, "speculative", "")
+    assert out.getvalue() == tokenizer.decode([40, 41, 42])
+
+
+def bad_checkpoint(tmp_path, kind):
+    folder = tmp_path / kind
+    shutil.copytree(DATA / "tiny-hub", folder)
+    weights = folder / "model.safetensors"
+    if kind == "truncated":
+        weights.write_bytes(weights.read_bytes()[:5000])
+    elif kind == "corrupt":
+        weights.write_bytes(b"\xff" * 64)
+    elif kind == "pickle":
+        weights.unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not unpickled")
+    elif kind == "vocab":
+        from picospec.weights import load_tokenizer, save_checkpoint
+        from conftest import random_model
+        save_checkpoint(random_model(vocab_size=301, n_positions=64), load_tokenizer(str(folder)), folder)
+    return str(folder)
+
+
+BAD = {
+    "unknown model": (["--target", "gpt-17"], "not a known model"),
+    "missing folder": (["--target", "./nowhere/model"], "no folder './nowhere/model'"),
+    "K < 1": ([*PAIR, "--K", "0"], "K must be >= 1"),
+    "temperature < 0": ([*PAIR, "--temperature", "-1"], "temperature must be >= 0"),
+    "top-p 0": ([*PAIR, "--top-p", "0"], "top-p must be in (0, 1]"),
+    "top-p > 1": ([*PAIR, "--top-p", "1.2"], "top-p must be in (0, 1]"),
+    "top-k < 0": ([*PAIR, "--top-k", "-3"], "top-k must be a whole number >= 0"),
+    "n-tokens < 1": ([*PAIR, "--n-tokens", "0"], "n-tokens must be >= 1"),
+    "beyond context": ([*PAIR, "--n-tokens", "60", "--prompt", "The quick brown"], "exceeds the model's context of 64"),
+    "unknown dtype": ([*PAIR, "--dtype", "float8"], "unknown dtype 'float8'"),
+    "not a number": ([*PAIR, "--K", "four"], "argument --K: invalid int value: 'four'"),
+    "unknown mode": ([*PAIR, "--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2(capsys, case):
+    argv, message = BAD[case]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("picospec: error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("truncated", "is truncated or corrupt"), ("corrupt", "is not a valid safetensors file"),
+    ("pickle", "only pytorch_model.bin, a pickle"), ("vocab", "the draft's vocabulary (301 tokens) differs"),
+])
+def test_bad_checkpoints_are_one_line_exit_2(capsys, tmp_path, kind, message):
+    bad = bad_checkpoint(tmp_path, kind)
+    argv = ["--draft", bad, "--target", str(DATA / "tiny-hub")] if kind == "vocab" else \
+        ["--draft", str(DATA / "tiny-hub"), "--target", bad]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_no_network_says_to_go_offline_or_use_a_folder(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "picospec", "--prompt", "Hi"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert "HF_HUB_OFFLINE" in out.stderr and "local folder" in out.stderr
