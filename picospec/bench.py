@@ -1,0 +1,226 @@
+"""`python -m picospec.bench`: picospec against what a user would pick instead, in one run.
+
+Measures, on one machine and in one process (warm-up and compile time excluded, reported apart):
+  a. greedy decode ms/token, picospec and transformers (PyTorch, use_cache=True, same threads);
+  b. the fraction of the memory roofline: bytes read per decode step / (step time x bandwidth);
+  c. v(K), the target's time for K+1 tokens over its time for 1, and c, draft step over target step;
+  d. speculative against autoregressive, on the bundled pair and the GPT-2 pair, beside theory's
+     prediction from the measured alpha, c and v(K), and transformers' assisted generation.
+GPT-2 124M and 1558M are used when they are in the Hugging Face cache; otherwise checkpoints of the
+same shapes with random weights, written once with transformers (alpha is then meaningless).
+Writes a Markdown table to stdout and everything to a JSON file.
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from picospec import theory
+from picospec.gpt2 import Model, forward, init_cache
+from picospec.sampling import autoregressive_sample
+from picospec.speculative import speculative_sample
+from picospec.weights import checkpoint_file, load_model
+
+SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
+RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
+
+
+def best(fn, repeats=3) -> float:
+    """The fastest of `repeats` timed calls, after one untimed warm-up call (which compiles)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def resolve(name: str) -> tuple[str, bool]:
+    """(name or folder, is_real): the real checkpoint if cached, else a random one of its shape."""
+    if name not in SHAPES:
+        return name, True
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        checkpoint_file(name, "model.safetensors")
+        return name, True
+    except Exception:
+        folder = RANDOM_DIR / f"random-{name}"
+        if not (folder / "model.safetensors").exists():
+            import torch
+            from transformers import GPT2Config, GPT2LMHeadModel
+            torch.manual_seed(0)
+            GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
+        return str(folder), False
+
+
+def picospec_decode(model: Model, prompt, n=32) -> float:
+    """Seconds per greedy decode step: the time for n + 8 tokens less the time for 8, over n."""
+    key = jax.random.key(0)
+    run = lambda m: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()  # noqa: E731
+    return (best(lambda: run(n + 8)) - best(lambda: run(8))) / n
+
+
+def transformers_decode(folder: str, prompt, n=32):
+    """The same measurement with transformers' generate; None if it is not installed."""
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True).eval()
+    ids = torch.tensor([prompt])
+
+    def run(m):
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
+                           pad_token_id=0)
+    return (best(lambda: run(n + 8)) - best(lambda: run(8))) / n
+
+
+def bandwidth() -> float:
+    """Memory read bandwidth in bytes/s: a jitted sum over 1 GiB."""
+    x = jnp.ones(1 << 28, jnp.float32)
+    total = jax.jit(jnp.sum)
+    return x.nbytes / best(lambda: total(x).block_until_ready(), 5)
+
+
+def step_bytes(model: Model, cache_len: int) -> int:
+    """Bytes a decode step reads: every weight once, plus the whole K and V cache buffers."""
+    weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+    itemsize = model.params["wte"]["weight"].dtype.itemsize
+    return weights + 2 * model.config.n_layer * cache_len * model.config.n_embd * itemsize
+
+
+def forward_time(model: Model, T: int, cache_len=128, calls=8) -> float:
+    """Seconds per forward call feeding T tokens after 32 cached positions."""
+    def run():
+        cache = init_cache(model.config, cache_len)
+        cache = forward(model.params, jnp.zeros(32, jnp.int32), cache, model.config)[1]
+        for _ in range(calls):
+            logits, cache = forward(model.params, jnp.zeros(T, jnp.int32), cache, model.config)
+            cache = cache._replace(length=cache.length - T)
+        logits.block_until_ready()
+    warm = best(lambda: forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, cache_len),
+                                model.config)[0].block_until_ready())
+    return (best(run) - warm) / calls
+
+
+def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:
+    """Greedy speculative and autoregressive sampling of n tokens, timed, with alpha from the trace."""
+    key = jax.random.key(0)
+    t_ar = best(lambda: autoregressive_sample(target, prompt, n, key, temperature=0).block_until_ready())
+    t_spec = best(lambda: speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[0].block_until_ready())
+    trace = speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[1]
+    a = np.asarray(trace.n_accepted[:int(trace.n_steps)])
+    return {"K": K, "alpha": theory.alpha_from_trace(a, K), "tokens_per_call": n / len(a),
+            "ar_seconds": t_ar, "spec_seconds": t_spec, "speedup": t_ar / t_spec}
+
+
+def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
+    """transformers' assisted generation (greedy, a constant K drafts): its speedup over its own
+    plain generate; None without transformers."""
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval()
+    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval()
+    ids = torch.tensor([prompt])
+    common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
+                  assistant_confidence_threshold=0.0)
+    with torch.no_grad():
+        t_plain = best(lambda: target.generate(ids, **common))
+        t_assisted = best(lambda: target.generate(ids, **common, **assist))
+    return {"plain_seconds": t_plain, "assisted_seconds": t_assisted, "speedup": t_plain / t_assisted}
+
+
+def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers) -> dict:
+    draft, target = load_model(draft_name), load_model(target_name)
+    t1 = forward_time(target, 1)
+    c = forward_time(draft, 1) / t1
+    v = {K: forward_time(target, K + 1) / t1 for K in sorted(set(Ks) | set(vKs))}
+    rows = []
+    for K in Ks:
+        row = speculative_vs_autoregressive(draft, target, prompt, K, n)
+        row["predicted_speedup"] = float(theory.walltime_improvement(row["alpha"], K, c, v[K]))
+        if with_transformers:
+            folders = [str(checkpoint_file(m, "config.json").parent) for m in (draft_name, target_name)]
+            row["transformers_assisted"] = transformers_assisted(*folders, prompt, K, n)
+        rows.append(row)
+    return {"pair": name, "draft": draft_name, "target": target_name, "c": c, "v": v, "rows": rows}
+
+
+def decode_report(name: str, prompt, with_transformers) -> dict:
+    folder, real = resolve(name)
+    model = load_model(folder)
+    s_pico = picospec_decode(model, prompt)
+    s_hf = transformers_decode(str(checkpoint_file(folder, "config.json").parent), prompt) if with_transformers else None
+    bw = bandwidth()
+    cache_len = 64  # what autoregressive_sample allocates for these runs: the power of two >= 8+8+32
+    roofline = step_bytes(model, cache_len) / bw
+    return {"model": name, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
+            "transformers_ms_per_token": None if s_hf is None else 1e3 * s_hf,
+            "vs_transformers": None if s_hf is None else s_hf / s_pico,
+            "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
+
+
+def markdown(report: dict) -> str:
+    f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
+    lines = [f"Machine: {report['machine']}", "",
+             "| model | weights | picospec ms/token | transformers ms/token | picospec speedup | "
+             "weights-stream ms | roofline fraction |", "|---|---|---|---|---|---|---|"]
+    for d in report["decode"]:
+        lines.append(f"| {d['model']} | {'real' if d['real_weights'] else 'random'} | {f(d['picospec_ms_per_token'])} "
+                     f"| {f(d['transformers_ms_per_token'])} | {f(d['vs_transformers'])}x | "
+                     f"{f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} |")
+    for p in report["pairs"]:
+        lines += ["", f"**{p['pair']}** ({p['draft']} drafting for {p['target']}): c = {p['c']:.3f}; "
+                  + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
+                  "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
+                  "|---|---|---|---|---|---|"]
+        for r in p["rows"]:
+            hf = r.get("transformers_assisted")
+            lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
+                         f"{r['predicted_speedup']:.2f}x | {f(hf and hf['speedup'])}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m picospec.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--decode", default="gpt2,gpt2-xl", help="models for decode ms/token (comma list)")
+    parser.add_argument("--pairs", default="tiny-draft:tiny-target,gpt2:gpt2-xl", help="DRAFT:TARGET pairs")
+    parser.add_argument("--K", default="2,4", help="K values for the speculative rows")
+    parser.add_argument("--v-K", default="1,2,3,4,5,6,7,8", help="K values for v(K)")
+    parser.add_argument("--n-tokens", type=int, default=48)
+    parser.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
+    parser.add_argument("--out", type=Path, default=Path("bench.json"))
+    args = parser.parse_args(argv)
+    with_hf = not args.no_transformers
+    prompt = list(range(100, 108))  # 8 token ids valid in every vocabulary here
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+                         f"jax {jax.__version__} on {jax.devices()[0].platform}", "decode": [], "pairs": []}
+    for name in filter(None, args.decode.split(",")):
+        report["decode"].append(decode_report(name, prompt, with_hf))
+        print(f"decode {name}: {json.dumps(report['decode'][-1])}", flush=True)
+    Ks, vKs = [int(k) for k in args.K.split(",")], [int(k) for k in args.v_K.split(",")]
+    for pair in filter(None, args.pairs.split(",")):
+        draft, target = (resolve(m)[0] for m in pair.split(":"))
+        p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf)
+        report["pairs"].append(p)
+        print(f"pair {pair}: {json.dumps(p)}", flush=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
