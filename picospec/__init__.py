@@ -3,12 +3,13 @@
 from picospec.config import GPT2Config
 from picospec.errors import PicospecError
 from picospec.gpt2 import KVCache, Model, forward, init_cache, logits
+from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling, autoregressive_sample
 from picospec.speculative import Trace, speculative_sample
 from picospec.weights import load_model, load_tokenizer
 
 __all__ = [
-    "GPT2Config", "KVCache", "Model", "PicospecError", "Sampling", "Trace",
+    "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",
     "autoregressive_sample", "forward", "init_cache", "load_model", "load_tokenizer", "logits",
     "speculative_sample",
 ]

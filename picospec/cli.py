@@ -8,17 +8,21 @@ import sys
 import jax
 
 from picospec.errors import PicospecError
+from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
+from picospec.speculative import check_pair
 from picospec.stream import Timing, stream_autoregressive, stream_speculative
 from picospec.weights import DTYPES, eos_token_id, load_model, load_tokenizer
 
-COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1"}  # ANSI SGR codes
+COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m picospec", description=__doc__)
     parser.add_argument("--prompt", default="", help="the text to continue; empty starts from <|endoftext|>")
-    parser.add_argument("--draft", default="gpt2", help="draft model: name, hub repo or folder (default gpt2, 124M)")
+    parser.add_argument("--draft", default="gpt2",
+                        help="draft model: name, hub repo or folder (default gpt2, 124M); or ngram for n-gram lookup")
+    parser.add_argument("--ngram-max", type=int, default=3, help="with --draft ngram: longest n-gram tried (default 3)")
     parser.add_argument("--target", default="gpt2-xl", help="target model (default gpt2-xl, 1558M)")
     parser.add_argument("--n-tokens", type=int, default=40, help="tokens to generate (default 40)")
     parser.add_argument("--K", type=int, default=4, help="tokens drafted per target call (default 4)")
@@ -58,7 +62,7 @@ def run(args, mode, draft, target, tokenizer, prompt, out):
         tokens += step.tokens
         records.append(vars(step) if mode == "speculative" else {"tokens": step.tokens})
     n_steps = len(records)
-    drafted = args.K * n_steps if mode == "speculative" else 0
+    drafted = args.K * sum(r["proposed"] for r in records) if mode == "speculative" else 0
     accepted = sum(r["accepted"] for r in records) if mode == "speculative" else 0
     stats = {"n_tokens": len(tokens), "n_steps": n_steps, "tokens_per_step": len(tokens) / n_steps,
              "acceptance_rate": accepted / drafted if drafted else None, "seconds": timing.seconds,
@@ -74,6 +78,7 @@ def _show(out, tokenizer, tokens, step, mode, text):
     pieces, seen = [], tokens[:]
     for i, token in enumerate(step.tokens):
         kind = "accepted" if i < step.accepted else ("bonus" if step.bonus else "resample")
+        kind = kind if step.proposed else "target"  # the n-gram draft had nothing to propose
         if kind == "resample" and colour:  # show the draft's rejected guess, struck through
             rejected = tokenizer.decode(seen) and tokenizer.decode(seen + [step.drafted[i]])
             pieces.append(paint(rejected[len(tokenizer.decode(seen)):], "rejected"))
@@ -104,10 +109,14 @@ def main(argv=None):
                 raise PicospecError(f"{name} must be >= 1, got {value}")
         tokenizer = load_tokenizer(args.target)
         target = load_model(args.target, args.dtype)
-        draft = load_model(args.draft, args.dtype) if args.mode != "autoregressive" else None
-        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-            raise PicospecError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
-                                f"target's ({target.config.vocab_size}); pick a draft with the target's tokenizer")
+        if args.mode == "autoregressive":
+            draft = None
+        elif args.draft == "ngram":
+            draft = NGramDraft(args.ngram_max)
+        else:
+            draft = load_model(args.draft, args.dtype)
+        if draft is not None:
+            check_pair(draft, target, args.K)
         prompt = tokenizer.encode(args.prompt).ids or [eos_token_id(target, tokenizer)]
         modes = ["autoregressive", "speculative"] if args.mode == "compare" else [args.mode]
         results = {}
@@ -139,6 +148,6 @@ def main(argv=None):
     if args.json:
         print(json.dumps(report))
     elif args.mode != "autoregressive" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
-        legend = " ".join(f"\033[{COLOURS[k]}m{k}\033[0m" for k in COLOURS)
+        legend = " ".join(f"\033[{COLOURS[k]}m{k}\033[0m" for k in COLOURS if k != "target")
         print(f"colours: {legend}", file=sys.stderr)
     return 0

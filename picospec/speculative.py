@@ -30,7 +30,9 @@ import jax.numpy as jnp
 
 from picospec.errors import PicospecError
 from picospec.gpt2 import KVCache, Model, forward
-from picospec.sampling import Sampling, buffers, eos_to_stop_at, generated, logits_to_probs, prefill, sample
+from picospec.ngram import NGramDraft, lookup
+from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
+                               logits_to_probs, prefill, sample)
 
 
 class Trace(NamedTuple):
@@ -43,13 +45,15 @@ class Trace(NamedTuple):
     p: jax.Array  # float32 [R, K] p[i](d_i), the draft's probability of each drafted token
     q: jax.Array  # float32 [R, K] q[i](d_i), the target's probability of the same token
     u: jax.Array  # float32 [R, K] the uniforms: d_i is accepted iff u_i < q/p
+    proposed: jax.Array  # bool [R] False: the n-gram draft found nothing, a plain target step ran
     n_steps: jax.Array  # int32 [] iterations run = target forward calls
 
 
 class SpecState(NamedTuple):
     tokens: jax.Array  # int32 [L]: tokens[:n] is the sequence; later slots are scratch
     n: jax.Array  # int32 []: the sequence length
-    draft_cache: KVCache  # positions [0, n - 1), or [0, n - 2) after a full accept (see propose)
+    draft_cache: KVCache | None  # positions [0, n - 1), or [0, n - 2) after a full accept (see propose);
+    #                             None for the n-gram draft
     target_cache: KVCache  # positions [0, n - 1)
     key: jax.Array  # the key the next iteration splits
     done: jax.Array  # bool []: <|endoftext|> was generated (only when stopping at it)
@@ -106,14 +110,30 @@ def verify(key_accept, key_extra, drafted, p, q):
     return a, sample(key_extra, residual), p_x, q_x, u
 
 
-def speculative_step(draft: Model, target: Model, state: SpecState, K: int, sampling: Sampling,
-                     eos_id: int) -> SpecState:
+def speculative_step(draft: Model | NGramDraft, target: Model, state: SpecState, K: int,
+                     sampling: Sampling, eos_id: int) -> SpecState:
     """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens."""
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
-    n = state.n
 
     # Step 1: the draft proposes d_0..d_{K-1}, sampled from its standardized p.
-    drafted, p, draft_cache = propose(draft, state.tokens, n, state.draft_cache, key_draft, K, sampling)
+    if isinstance(draft, NGramDraft):  # a lookup: p is one-hot on what it proposes (see ngram.py)
+        drafted, found = lookup(state.tokens, state.n, draft.max_n, K)
+        p, draft_cache = jax.nn.one_hot(drafted, target.config.vocab_size), None
+    else:
+        drafted, p, draft_cache = propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
+    state = state._replace(key=key, draft_cache=draft_cache)
+
+    def verify_and_extend():  # Steps 2 to 5
+        return _verify_and_extend(target, state, drafted, p, key_accept, key_extra, sampling, eos_id)
+
+    if isinstance(draft, NGramDraft):  # nothing matched: one plain target step instead
+        return jax.lax.cond(found, verify_and_extend,
+                            lambda: _plain_target_step(target, state, key_extra, sampling, eos_id))
+    return verify_and_extend()
+
+
+def _verify_and_extend(target, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id):
+    K, n = drafted.shape[0], state.n
 
     # Step 2: the target scores x[n-1], d_0, ..., d_{K-1} in one call: q[i] predicts the slot of d_i.
     block = jnp.concatenate([jax.lax.dynamic_slice(state.tokens, (n - 1,), (1,)), drafted])  # [K+1]
@@ -128,26 +148,43 @@ def speculative_step(draft: Model, target: Model, state: SpecState, K: int, samp
     tokens = jax.lax.dynamic_update_slice(state.tokens, new, (n,))
     n_new = n + a + 1
     target_cache = target_cache._replace(length=n_new - 1)
-    draft_cache = draft_cache._replace(length=jnp.minimum(draft_cache.length, n_new - 1))
+    draft_cache = state.draft_cache
+    if draft_cache is not None:
+        draft_cache = draft_cache._replace(length=jnp.minimum(draft_cache.length, n_new - 1))
     done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
-
-    t, i = state.trace, state.trace.n_steps
-    trace = Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
-                  t.bonus.at[i].set(a == K), t.p.at[i].set(p_x), t.q.at[i].set(q_x), t.u.at[i].set(u),
-                  i + 1)
-    return SpecState(tokens, n_new, draft_cache, target_cache, key, done, trace)
+    trace = _record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, True)
+    return SpecState(tokens, n_new, draft_cache, target_cache, state.key, done, trace)
 
 
-def start(draft: Model, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int,
+def _plain_target_step(target, state: SpecState, key, sampling, eos_id) -> SpecState:
+    """No proposal: one token from the target, exactly as autoregressive sampling takes it."""
+    decoded = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, key, state.done),
+                                  sampling, eos_id)
+    K = state.trace.drafted.shape[1]
+    extra, zeros = decoded.tokens[state.n], jnp.zeros(K)
+    trace = _record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), extra, False, zeros, zeros, zeros, False)
+    return SpecState(decoded.tokens, decoded.n, state.draft_cache, decoded.cache, state.key, decoded.done, trace)
+
+
+def _record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, proposed) -> Trace:
+    """The trace with this iteration written at row n_steps."""
+    i = t.n_steps
+    return Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
+                 t.bonus.at[i].set(bonus), t.p.at[i].set(p_x), t.q.at[i].set(q_x), t.u.at[i].set(u),
+                 t.proposed.at[i].set(proposed), i + 1)
+
+
+def start(draft: Model | NGramDraft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int,
           ) -> SpecState:
     """The state before the first iteration: both caches prefilled with the prompt but its last token."""
     n_prompt = jnp.asarray(n_prompt, jnp.int32)
     R = tokens.shape[0]  # each iteration adds >= 1 token, so the buffer length bounds the iterations
     trace = Trace(jnp.zeros((R, K), jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
                   jnp.zeros(R, bool), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)),
-                  jnp.int32(0))
-    return SpecState(tokens, n_prompt, prefill(draft, tokens, n_prompt, prefill_len, max_len),
-                     prefill(target, tokens, n_prompt, prefill_len, max_len), key, jnp.array(False), trace)
+                  jnp.zeros(R, bool), jnp.int32(0))
+    draft_cache = None if isinstance(draft, NGramDraft) else prefill(draft, tokens, n_prompt, prefill_len, max_len)
+    return SpecState(tokens, n_prompt, draft_cache, prefill(target, tokens, n_prompt, prefill_len, max_len),
+                     key, jnp.array(False), trace)
 
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "sampling", "prefill_len", "max_len", "eos_id"))
@@ -160,13 +197,13 @@ def _speculative(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, pr
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
-def speculative_sample(draft: Model, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
+def speculative_sample(draft: Model | NGramDraft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
                        temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
     Args:
-      draft, target: Models sharing a vocabulary.
+      draft, target: Models sharing a vocabulary; or draft=NGramDraft(max_n) to look up n-grams.
       prompt_tokens: int [P], P >= 1.
       n_tokens: tokens to generate; P + n_tokens + K - 1 must fit in the target's n_positions.
       key: a jax.random key; the same key gives the same tokens.
@@ -185,10 +222,14 @@ def speculative_sample(draft: Model, target: Model, prompt_tokens, n_tokens: int
                         prefill_len, max_len, eos_id)
 
 
-def check_pair(draft: Model, target: Model, K: int):
+def check_pair(draft: Model | NGramDraft, target: Model, K: int):
     """The draft must share the target's vocabulary and context; K >= 1."""
     if not (isinstance(K, int) and K >= 1):
         raise PicospecError(f"K must be a whole number >= 1, got {K}")
+    if isinstance(draft, NGramDraft):
+        if draft.max_n < 1:
+            raise PicospecError(f"the n-gram draft's max n must be >= 1, got {draft.max_n}")
+        return
     if draft.config.vocab_size != target.config.vocab_size:
         raise PicospecError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
                             f"target's ({target.config.vocab_size}); pick a draft with the target's tokenizer")

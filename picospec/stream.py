@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import Model
+from picospec.ngram import NGramDraft
 from picospec.sampling import DecodeState, Sampling, autoregressive_step, buffers, prefill
 from picospec.speculative import check_pair, speculative_step, start
 
@@ -29,6 +30,7 @@ class Step:
     p: list[float] = field(default_factory=list)  # p[i](d_i), the draft's probability of d_i
     q: list[float] = field(default_factory=list)  # q[i](d_i), the target's
     u: list[float] = field(default_factory=list)  # the uniforms: accept iff u < q / p
+    proposed: bool = True  # False: the n-gram draft found nothing and the target stepped alone
 
 
 @dataclass
@@ -44,7 +46,7 @@ def _compile(fn, *args, static=(), donate=(), **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def stream_speculative(draft: Model, target: Model, prompt, n_tokens: int, key, *, K: int,
+def stream_speculative(draft: Model | NGramDraft, target: Model, prompt, n_tokens: int, key, *, K: int,
                        sampling: Sampling, eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
     """Yield one Step per iteration of speculative sampling (the same law as speculative_sample)."""
     timing = timing or Timing()
@@ -72,9 +74,12 @@ def stream_speculative(draft: Model, target: Model, prompt, n_tokens: int, key, 
 
 def trace_step(trace, i: int, n_left: int) -> Step:
     """Row i of a Trace as a Step, its tokens cut to the n_left still wanted."""
-    drafted, a, extra, bonus, p, q, u = jax.device_get(
-        (trace.drafted[i], trace.n_accepted[i], trace.extra[i], trace.bonus[i], trace.p[i], trace.q[i], trace.u[i]))
+    drafted, a, extra, bonus, p, q, u, proposed = jax.device_get(
+        (trace.drafted[i], trace.n_accepted[i], trace.extra[i], trace.bonus[i], trace.p[i], trace.q[i], trace.u[i],
+         trace.proposed[i]))
     tokens = [int(t) for t in drafted[:a]] + [int(extra)]
+    if not proposed:
+        return Step(tokens[:n_left], proposed=False)
     return Step(tokens[:n_left], drafted.tolist(), int(a), bool(bonus), p.tolist(), q.tolist(), u.tolist())
 
 

@@ -151,3 +151,20 @@ def test_no_network_says_to_go_offline_or_use_a_folder(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0
     assert "HF_HUB_OFFLINE" in out.stderr and "local folder" in out.stderr
+
+
+def test_ngram_draft_run_counts_only_proposing_steps(capsys):
+    code, out, _ = run_cli(capsys, "--draft", "ngram", "--ngram-max", "2", "--target", str(DATA / "tiny-hub"),
+                           "--prompt", "the cat the cat the cat the cat", "--n-tokens", "20", "--K", "4", "--json")
+    assert code == 0
+    result = json.loads(out)
+    steps, stats = result["steps"], result["stats"]
+    proposing = [s for s in steps if s["proposed"]]
+    assert proposing and sum(len(s["tokens"]) for s in steps) == 20
+    assert stats["acceptance_rate"] == pytest.approx(sum(s["accepted"] for s in steps) / (4 * len(proposing)))
+    assert all(s["accepted"] == 0 and s["drafted"] == [] for s in steps if not s["proposed"])
+
+
+def test_ngram_max_below_one_is_refused(capsys):
+    code, _, err = run_cli(capsys, "--draft", "ngram", "--ngram-max", "0", "--target", str(DATA / "tiny-hub"))
+    assert code == 2 and "max n must be >= 1" in err and err.count("\n") == 1

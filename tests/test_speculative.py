@@ -85,12 +85,12 @@ TARGET = random_model(seed=12, vocab_size=V, n_layer=2, std=0.6)
 PROMPT = [1, 4]
 
 
-def target_law(sampling: Sampling, model=TARGET) -> np.ndarray:
-    """P(t1, t2, t3 | prompt) under the standardized target, as a flat [V**3] array."""
+def target_law(sampling: Sampling, model=TARGET, prompt=PROMPT) -> np.ndarray:
+    """P(t1, t2, t3 | prompt) under the standardized model, as a flat [V**3] array."""
     law = np.zeros(V ** 3)
     cond = {}
     for prefix in itertools.chain([()], itertools.product(range(V), repeat=1), itertools.product(range(V), repeat=2)):
-        cond[prefix] = np.asarray(logits_to_probs(picospec.logits(model, PROMPT + list(prefix))[-1], sampling))
+        cond[prefix] = np.asarray(logits_to_probs(picospec.logits(model, prompt + list(prefix))[-1], sampling))
     for i, (a, b, c) in enumerate(itertools.product(range(V), repeat=3)):
         law[i] = cond[()][a] * cond[(a,)][b] * cond[(a, b)][c]
     return law
