@@ -125,6 +125,11 @@ def acceptance_rate(draft, target, prompts, temperature, K=4, n_tokens=64, seed=
     return accepted / drafted
 
 
+def write_heldout_sample(held_text: str, path: Path, n_chapters=8):
+    """A few held-out chapters, kept beside the weights so tests can measure the pair on unseen text."""
+    path.write_text("\n<|endoftext|>".join(held_text.split("\n<|endoftext|>")[1:1 + n_chapters]) + "\n")
+
+
 def n_params(model: Model) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(model.params))
 
@@ -173,6 +178,7 @@ def main(argv=None):
     save_checkpoint(draft_distilled if kept == "draft (distilled)" else draft_text, tokenizer,
                     args.out / "tiny-draft")
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_heldout_sample(held_text, args.out / "heldout_sample.txt")
     log(f"kept {kept}; wrote {args.out}/tiny-target, {args.out}/tiny-draft, {args.out}/training_report.json")
 
 
