@@ -29,14 +29,14 @@ class Model:
 
 
 class KVCache(NamedTuple):
-    k: list  # n_layer x [S, C]: each layer's keys, slot s holding position s
-    v: list  # n_layer x [S, C]: values
+    k: list  # n_layer x [H, S, D]: each layer's keys per head, slot s holding position s
+    v: list  # n_layer x [H, S, D]: values
     length: jax.Array  # int32 []: slots [0, length) are valid, the rest are stale
 
 
 def init_cache(config: GPT2Config, max_len: int | None = None, dtype=jnp.float32) -> KVCache:
     """An empty cache holding up to `max_len` (default n_positions) positions."""
-    shape = (max_len or config.n_positions, config.n_embd)
+    shape = (config.n_head, max_len or config.n_positions, config.head_dim)
     buffers = lambda: [jnp.zeros(shape, dtype) for _ in range(config.n_layer)]  # noqa: E731
     return KVCache(buffers(), buffers(), jnp.array(0, jnp.int32))
 
@@ -56,30 +56,29 @@ def linear(x, weight, bias):  # [T, in], [in, out], [out] -> [T, out]
     return x @ weight + bias
 
 
-def attention(q, k, v, q_pos, n_head):  # [T, C], [S, C], [S, C], [T] -> [T, C]
-    T, C = q.shape
-    S = k.shape[0]
-    q = q.reshape(T, n_head, C // n_head)  # [T, H, D]
-    k = k.reshape(S, n_head, C // n_head)  # [S, H, D]
-    v = v.reshape(S, n_head, C // n_head)  # [S, H, D]
-    scores = jnp.einsum("thd,shd->hts", q, k) / jnp.sqrt(C // n_head).astype(q.dtype)  # [H, T, S]
+def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H, D]
+    S, D = k.shape[1], k.shape[2]
+    scores = jnp.einsum("thd,hsd->hts", q, k) / jnp.sqrt(D).astype(q.dtype)  # [H, T, S]
     # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
     # and it also hides every stale slot, since those all lie beyond the newest position.
     visible = jnp.arange(S)[None, :] <= q_pos[:, None]  # [T, S]
     scores = jnp.where(visible, scores.astype(jnp.float32), -jnp.inf)  # [H, T, S]
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [H, T, S]
-    return jnp.einsum("hts,shd->thd", weights, v).reshape(T, C)  # [T, C]
+    return jnp.einsum("hts,hsd->thd", weights, v)  # [T, H, D]
 
 
 def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps):
     """One transformer block: x [T, C] at positions q_pos [T], with this layer's cache buffers
-    k_cache, v_cache [S, C]. Returns x [T, C] and the buffers with this call's keys/values written."""
+    k_cache, v_cache [H, S, D]. Returns x [T, C] and the buffers with this call's keys/values written."""
+    T, C = x.shape
     h = layer_norm(x, ln_1["weight"], ln_1["bias"], eps)  # [T, C]
-    q, k, v = jnp.split(linear(h, **attn["c_attn"]), 3, axis=-1)  # [T, C] -> [T, 3C] -> 3 x [T, C]
-    start = q_pos[0]
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (start, 0))  # [S, C]
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (start, 0))  # [S, C]
-    x = x + linear(attention(q, k_cache, v_cache, q_pos, n_head), **attn["c_proj"])  # [T, C]
+    qkv = linear(h, **attn["c_attn"]).reshape(T, 3, n_head, C // n_head)  # [T, 3C] -> [T, 3, H, D]
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [T, H, D] each
+    # The cache is kept head-major, [H, S, D], so attention reads it in place.
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(1, 0, 2), (0, q_pos[0], 0))  # [H, S, D]
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(1, 0, 2), (0, q_pos[0], 0))  # [H, S, D]
+    y = attention(q, k_cache, v_cache, q_pos).reshape(T, C)  # [T, H, D] -> [T, C]
+    x = x + linear(y, **attn["c_proj"])  # [T, C]
     h = layer_norm(x, ln_2["weight"], ln_2["bias"], eps)  # [T, C]
     x = x + linear(gelu(linear(h, **mlp["c_fc"])), **mlp["c_proj"])  # [T, C] -> [T, 4C] -> [T, C]
     return x, k_cache, v_cache
@@ -101,7 +100,8 @@ def transformer(params, tokens, cache: KVCache, config: GPT2Config):
 
 
 def lm_head(params, x):  # [T, C] -> [T, V]; the head is tied to the token embedding
-    return (x @ params["wte"]["weight"].T).astype(jnp.float32)
+    # einsum, not x @ wte.T: XLA on CPU would copy out a transposed wte every call.
+    return jnp.einsum("tc,vc->tv", x, params["wte"]["weight"]).astype(jnp.float32)
 
 
 @partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))

@@ -7,8 +7,9 @@ Notation (Chen et al., and jaymody/speculative-sampling):
   p      the draft's distribution (GPT-2 124M); p[i] is its next-token distribution at draft step i
   q      the target's distribution (GPT-2 1558M); q[i] scores the same position as p[i]
   K      tokens drafted per iteration; the target scores K + 1 positions in one forward call
-  x      the sequence so far, n tokens long; d_1..d_K the drafted tokens
-  Leviathan et al. swap the letters: their p is the target and q the draft.
+  x      the sequence so far, n tokens long (x[n-1] is the newest token)
+  d      the drafted tokens d_0..d_{K-1} (Chen et al.'s x~_1..x~_K, Leviathan et al.'s x_1..x_gamma)
+  Leviathan et al. swap the letters: their p is the target and q the draft, and their K is gamma.
 Both p and q are *standardized* the same way (temperature, top-k, top-p; see sampling.py), and the
 draft's tokens are sampled from exactly the p used below.
 
