@@ -16,7 +16,6 @@ WEIGHTS = Path(__file__).parent.parent / "weights"
 HELD_OUT = (WEIGHTS / "heldout_sample.txt").read_text().split("\n<|endoftext|>")
 DRAFT, TARGET = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
 TOKENIZER = picospec.load_tokenizer("tiny-target")
-COMMON = {"the", "and", "of", "unto", "he", "that", "shall", "to", "in", "his", "lord", "god", "i", "they"}
 
 
 def test_names_resolve_from_any_directory(tmp_path):
@@ -51,7 +50,7 @@ def test_target_perplexity_is_clearly_below_the_draft_on_held_out_text():
     windows = np.stack([tokens[i:i + 129] for i in range(0, len(tokens) - 129, 128)])[:32]
     target, draft = np.exp(held_out_loss(TARGET, windows)), np.exp(held_out_loss(DRAFT, windows))
     untrained = np.exp(held_out_loss(random_model(vocab_size=TARGET.config.vocab_size, n_positions=256, std=0.02), windows))
-    assert target < 0.8 * draft < 0.8 * untrained, (target, draft, untrained)
+    assert target < 0.95 * draft < 0.5 * untrained, (target, draft, untrained)
 
 
 def held_out_prompts(n=12, length=24):
@@ -68,21 +67,27 @@ def test_acceptance_rate_at_temperature_0_with_K4_is_at_least_0_6():
     assert accepted / drafted >= 0.6, accepted / drafted
 
 
+def words(text):
+    return [w.strip(".,;:!?'\"()").lower() for w in text.split()]
+
+
+KNOWN = set(words(" ".join(HELD_OUT)))  # the English words of a few unseen chapters
+
+
 def english_words(text):
-    words = [w.strip(".,;:!?'\"()").lower() for w in text.split()]
-    return sum(w in COMMON for w in words), len(words)
+    return sum(w in KNOWN for w in words(text)), len(words(text))
 
 
 def test_generated_text_is_recognisably_english_and_a_random_model_is_not():
     prompt = TOKENIZER.encode("And God said").ids
     tokens, _ = picospec.speculative_sample(DRAFT, TARGET, prompt, 60, jax.random.key(1), K=4, temperature=0.8)
     common, total = english_words(TOKENIZER.decode(tokens.tolist()))
-    assert total >= 20 and common / total >= 0.3
+    assert total >= 20 and common / total >= 0.7
     # The control: the same check fails on an untrained model of the same shape.
     untrained = random_model(vocab_size=TARGET.config.vocab_size, n_positions=256, std=0.02, n_embd=32)
     noise = picospec.autoregressive_sample(untrained, prompt, 60, jax.random.key(1))
     common, total = english_words(TOKENIZER.decode(noise.tolist()))
-    assert common / max(total, 1) < 0.3
+    assert common / max(total, 1) < 0.3, (common, total)
 
 
 def test_transformers_loads_the_bundled_pair_and_agrees():
