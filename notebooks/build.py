@@ -245,8 +245,10 @@ counts = np.bincount(np.asarray(first), minlength=q.size)
 support = np.flatnonzero((p > 0) | (q > 0) | (counts > 0))
 print("tokens in either support:", [tokenizer.decode([t]) for t in support])
 print("samples outside the target's support:", int(counts[q == 0].sum()))
-print(f"chi-square against the target q: p-value {chisquare(counts[q > 0], N * q[q > 0]).pvalue:.3f}")
-print(f"samples outside the draft's support: {int(counts[p == 0].sum())} (so the law is not the draft's)")'''),
+expected_q = N * q[q > 0] / q[q > 0].sum()
+print(f"chi-square against the target q: p-value {chisquare(counts[q > 0], expected_q, sum_check=False).pvalue:.3f}")
+print(f"total variation between the samples and q: {0.5 * np.abs(counts / N - q).sum():.4f}, "
+      f"between the samples and the draft's p: {0.5 * np.abs(counts / N - p).sum():.4f}")'''),
         ("code", '''\
 import matplotlib.pyplot as plt
 x = np.arange(len(support))

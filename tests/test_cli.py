@@ -168,3 +168,14 @@ def test_ngram_draft_run_counts_only_proposing_steps(capsys):
 def test_ngram_max_below_one_is_refused(capsys):
     code, _, err = run_cli(capsys, "--draft", "ngram", "--ngram-max", "0", "--target", str(DATA / "tiny-hub"))
     assert code == 2 and "max n must be >= 1" in err and err.count("\n") == 1
+
+
+def test_bundled_pair_offline_from_the_readme(capsys):
+    code, out, err = run_cli(capsys, "--draft", "tiny-draft", "--target", "tiny-target", "--prompt", "And God said",
+                             "--n-tokens", "30", "--mode", "compare", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["identical"] is True  # greedy: speculative equals the target alone
+    stats = result["speculative"]["stats"]
+    assert stats["acceptance_rate"] > 0.3 and stats["tokens_per_step"] > 1.5  # a real, learned pair
+    assert result["speculative"]["text"].split()[0] == "unto"
