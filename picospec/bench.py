@@ -26,7 +26,9 @@ from picospec import theory
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
-from picospec.weights import checkpoint_file, load_model
+from huggingface_hub import try_to_load_from_cache
+
+from picospec.weights import HUB_REPOS, checkpoint_file, load_model
 
 SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
 RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
@@ -47,18 +49,15 @@ def resolve(name: str) -> tuple[str, bool]:
     """(name or folder, is_real): the real checkpoint if cached, else a random one of its shape."""
     if name not in SHAPES:
         return name, True
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        checkpoint_file(name, "model.safetensors")
+    if isinstance(try_to_load_from_cache(HUB_REPOS[name], "model.safetensors"), str):  # cache only
         return name, True
-    except Exception:
-        folder = RANDOM_DIR / f"random-{name}"
-        if not (folder / "model.safetensors").exists():
-            import torch
-            from transformers import GPT2Config, GPT2LMHeadModel
-            torch.manual_seed(0)
-            GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
-        return str(folder), False
+    folder = RANDOM_DIR / f"random-{name}"
+    if not (folder / "model.safetensors").exists():
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
+    return str(folder), False
 
 
 def picospec_decode(model: Model, prompt, n=32) -> float:
