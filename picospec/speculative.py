@@ -69,7 +69,7 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
     (x[n-2], x[n-1]) when lagging, else (x[n-1], a scratch slot that stays beyond the length).
     Returns drafted int32 [K], p float32 [K, V], and the cache holding positions [0, n - 1 + K - 1).
     """
-    keys = jax.random.split(key, K)
+    keys, greedy = jax.random.split(key, K), sampling.temperature == 0
     m = cache.length
     logits, cache = forward(draft.params, jax.lax.dynamic_slice(tokens, (m,), (2,)), cache, draft.config)
     p_first = logits_to_probs(logits[n - 1 - m], sampling)  # [V] the row after x[n-1]
@@ -77,18 +77,19 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
 
     def draft_step(carry, key_i):  # feed the previous draft token, sample the next
         cache, p_prev, _ = carry
-        token = sample(key_i, p_prev)
+        token = sample(key_i, p_prev, greedy)
         logits, cache = forward(draft.params, token[None], cache, draft.config)  # [1, V]
         return (cache, logits_to_probs(logits[0], sampling), token), (token, p_prev)
 
     init = (cache, p_first, jnp.int32(0))
     (cache, p_last, _), (drafted, p) = jax.lax.scan(draft_step, init, keys[:K - 1])
-    last = sample(keys[K - 1], p_last)  # d_{K-1} is sampled but not fed: it may be rejected
+    last = sample(keys[K - 1], p_last, greedy)  # d_{K-1} is sampled but not fed: it may be rejected
     return jnp.concatenate([drafted, last[None]]), jnp.concatenate([p, p_last[None]]), cache
 
 
-def verify(key_accept, key_extra, drafted, p, q):
+def verify(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     """Steps 3 and 4, the rejection sampler. drafted: int32 [K], d_i ~ p[i]; p: [K, V]; q: [K+1, V].
+    greedy: temperature 0, so p and q are one-hot and the extra token is an argmax.
 
     Returns a, the number of drafts accepted (int32 []); extra, the token after them; and the
     p[i](d_i), q[i](d_i) and uniforms u_i behind each decision ([K] each).
@@ -108,7 +109,7 @@ def verify(key_accept, key_extra, drafted, p, q):
     residual = jnp.maximum(q[a] - p_padded[a], 0.0)  # [V]
     total = residual.sum()
     residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), q[a])
-    return a, sample(key_extra, residual), p_x, q_x, u
+    return a, sample(key_extra, residual, greedy), p_x, q_x, u
 
 
 def speculative_step(draft: Model | NGramDraft, target: Model, state: SpecState, K: int,
@@ -142,7 +143,7 @@ def _verify_and_extend(target, state: SpecState, drafted, p, key_accept, key_ext
     q = logits_to_probs(logits, sampling)  # [K+1, V]
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
-    a, extra, p_x, q_x, u = verify(key_accept, key_extra, drafted, p, q)
+    a, extra, p_x, q_x, u = verify(key_accept, key_extra, drafted, p, q, sampling.temperature == 0)
 
     # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back to n_new - 1.
     new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch

@@ -9,7 +9,7 @@ from stats import PASS, chi_square_p
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.sampling import logits_to_probs
+from picospec.sampling import logits_to_probs, sample
 
 LOGITS = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 
@@ -95,3 +95,12 @@ def test_context_overflow_and_empty_prompt_are_refused():
         picospec.autoregressive_sample(model, [], 5, jax.random.key(0))
     with pytest.raises(PicospecError, match="n-tokens must be >= 1"):
         picospec.autoregressive_sample(model, [1], 0, jax.random.key(0))
+
+
+def test_sample_draws_the_law_and_never_a_zero_probability_token():
+    probs = jnp.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    draws = jax.vmap(lambda k: sample(k, probs))(jax.random.split(jax.random.key(3), 20000))
+    assert chi_square_p(draws, probs) > PASS  # also asserts no zero-probability token was drawn
+    one_hot = jnp.eye(6)[4]
+    assert int(sample(jax.random.key(0), one_hot, greedy=True)) == 4
+    assert (jax.vmap(lambda k: sample(k, one_hot))(jax.random.split(jax.random.key(1), 500)) == 4).all()

@@ -49,10 +49,10 @@ def one_step(verify, p, q):
 RIGHT_VERIFY = speculative.verify
 
 
-def wrong_verify(key_accept, key_extra, drafted, p, q):
+def wrong_verify(key_accept, key_extra, drafted, p, q, greedy=False):
     """A known-wrong sampler for the controls: it resamples from q instead of max(0, q - p)."""
-    a, _, *rest = RIGHT_VERIFY(key_accept, key_extra, drafted, p, q)
-    return a, sample(key_extra, q[a]), *rest
+    a, _, *rest = RIGHT_VERIFY(key_accept, key_extra, drafted, p, q, greedy)
+    return a, sample(key_extra, q[a], greedy), *rest
 
 
 @pytest.mark.parametrize("case", PAIRS)
