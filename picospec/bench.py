@@ -85,10 +85,12 @@ def transformers_decode(folder: str, prompt, n=32):
 
 
 def bandwidth() -> float:
-    """Memory read bandwidth in bytes/s: a jitted sum over 1 GiB."""
-    x = jnp.ones(1 << 28, jnp.float32)
-    total = jax.jit(jnp.sum)
-    return x.nbytes / best(lambda: total(x).block_until_ready(), 5)
+    """Memory read bandwidth in bytes/s: the faster of a jitted sum and a matrix-vector product over
+    1 GiB, larger than any cache (a decode step is mostly matrix-vector products)."""
+    w, x = jnp.ones((1 << 14, 1 << 14), jnp.float32), jnp.ones(1 << 14, jnp.float32)
+    total, matvec = jax.jit(jnp.sum), jax.jit(jnp.matmul)
+    seconds = min(best(lambda: total(w).block_until_ready(), 5), best(lambda: matvec(w, x).block_until_ready(), 5))
+    return w.nbytes / seconds
 
 
 def step_bytes(model: Model, cache_len: int) -> int:
