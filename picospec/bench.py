@@ -28,9 +28,11 @@ from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
 from huggingface_hub import try_to_load_from_cache
 
-from picospec.weights import HUB_REPOS, checkpoint_file, load_model
+from picospec.ngram import NGramDraft
+from picospec.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
 
 SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
+GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
 RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
 
 
@@ -146,9 +148,15 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
 
 
 def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers) -> dict:
-    draft, target = load_model(draft_name), load_model(target_name)
+    """A draft and a target; draft "ngram" is the n-gram lookup, run on an input-grounded prompt."""
+    target = load_model(target_name)
+    if draft_name == "ngram":
+        draft, with_transformers = NGramDraft(3), False  # transformers' prompt lookup is not compared
+        prompt = load_tokenizer(target_name).encode(GROUNDED).ids
+    else:
+        draft = load_model(draft_name)
     t1 = forward_time(target, 1)
-    c = forward_time(draft, 1) / t1
+    c = 0.0 if draft_name == "ngram" else forward_time(draft, 1) / t1
     v = {K: forward_time(target, K + 1) / t1 for K in sorted(set(Ks) | set(vKs))}
     rows = []
     for K in Ks:
@@ -199,7 +207,8 @@ def markdown(report: dict) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m picospec.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--decode", default="gpt2,gpt2-xl", help="models for decode ms/token (comma list)")
-    parser.add_argument("--pairs", default="tiny-draft:tiny-target,gpt2:gpt2-xl", help="DRAFT:TARGET pairs")
+    parser.add_argument("--pairs", default="tiny-draft:tiny-target,ngram:tiny-target,gpt2:gpt2-xl",
+                        help="DRAFT:TARGET pairs; DRAFT ngram is the n-gram lookup on an input-grounded prompt")
     parser.add_argument("--K", default="2,4", help="K values for the speculative rows")
     parser.add_argument("--v-K", default="1,2,3,4,5,6,7,8", help="K values for v(K)")
     parser.add_argument("--n-tokens", type=int, default=48)
@@ -215,7 +224,7 @@ def main(argv=None):
         print(f"decode {name}: {json.dumps(report['decode'][-1])}", flush=True)
     Ks, vKs = [int(k) for k in args.K.split(",")], [int(k) for k in args.v_K.split(",")]
     for pair in filter(None, args.pairs.split(",")):
-        draft, target = (resolve(m)[0] for m in pair.split(":"))
+        draft, target = (resolve(m)[0] if m != "ngram" else m for m in pair.split(":"))
         p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf)
         report["pairs"].append(p)
         print(f"pair {pair}: {json.dumps(p)}", flush=True)
