@@ -21,13 +21,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from huggingface_hub import try_to_load_from_cache
 
 from picospec import theory
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
-from huggingface_hub import try_to_load_from_cache
-
 from picospec.ngram import NGramDraft
 from picospec.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
 

@@ -80,8 +80,8 @@ def _show(out, tokenizer, tokens, step, mode, text):
         kind = "accepted" if i < step.accepted else ("bonus" if step.bonus else "resample")
         kind = kind if step.proposed else "target"  # the n-gram draft had nothing to propose
         if kind == "resample" and colour:  # show the draft's rejected guess, struck through
-            rejected = tokenizer.decode(seen) and tokenizer.decode(seen + [step.drafted[i]])
-            pieces.append(paint(rejected[len(tokenizer.decode(seen)):], "rejected"))
+            rejected = tokenizer.decode(seen + [step.drafted[i]])[len(text):]
+            pieces.append(paint(rejected, "rejected"))
         seen.append(token)
         new_text = tokenizer.decode(seen)
         piece = new_text[len(text):]
