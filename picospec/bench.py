@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -36,14 +37,22 @@ RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / 
 
 
 def best(fn, repeats=3) -> float:
-    """The fastest of `repeats` timed calls, after one untimed warm-up call (which compiles)."""
+    """The fastest of `repeats` timed calls, after one warm-up call (which compiles)."""
+    return timed(fn, repeats)[0]
+
+
+def timed(fn, repeats=3) -> tuple[float, float]:
+    """(fastest of `repeats` timed calls, the warm-up call before them): the warm-up call compiles,
+    so its excess over the fastest call is the compile time."""
+    t0 = time.perf_counter()
     fn()
+    warmup = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(times), warmup
 
 
 def resolve(name: str) -> tuple[str, bool]:
@@ -61,21 +70,23 @@ def resolve(name: str) -> tuple[str, bool]:
     return str(folder), False
 
 
-def picospec_decode(model: Model, prompt, n=32) -> float:
-    """Seconds per greedy decode step: the time for n + 8 tokens less the time for 8, over n."""
+def picospec_decode(model: Model, prompt, n=32) -> tuple[float, float]:
+    """(seconds per greedy decode step, seconds of warm-up and compilation): the step is the time for
+    n + 8 tokens less the time for 8, over n, so prefill and fixed costs cancel."""
     key = jax.random.key(0)
     run = lambda m: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()  # noqa: E731
-    return (best(lambda: run(n + 8)) - best(lambda: run(8))) / n
+    (long, warmup), short = timed(lambda: run(n + 8)), best(lambda: run(8))
+    return (long - short) / n, warmup - long
 
 
-def transformers_decode(folder: str, prompt, n=32):
+def transformers_decode(folder: str, prompt, dtype: str, n=32):
     """The same measurement with transformers' generate; None if it is not installed."""
     try:
         import torch
         from transformers import GPT2LMHeadModel
     except ImportError:
         return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True).eval()
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
     ids = torch.tensor([prompt])
 
     def run(m):
@@ -101,18 +112,28 @@ def step_bytes(model: Model, cache_len: int) -> int:
     return weights + 2 * model.config.n_layer * cache_len * model.config.n_embd * itemsize
 
 
-def forward_time(model: Model, T: int, cache_len=128, calls=8) -> float:
-    """Seconds per forward call feeding T tokens after 32 cached positions."""
-    def run():
-        cache = init_cache(model.config, cache_len)
-        cache = forward(model.params, jnp.zeros(32, jnp.int32), cache, model.config)[1]
-        for _ in range(calls):
-            logits, cache = forward(model.params, jnp.zeros(T, jnp.int32), cache, model.config)
-            cache = cache._replace(length=cache.length - T)
-        logits.block_until_ready()
-    warm = best(lambda: forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, cache_len),
-                                model.config)[0].block_until_ready())
-    return (best(run) - warm) / calls
+@partial(jax.jit, static_argnames=("T", "calls"))
+def _forward_calls(model: Model, T: int, calls: int):
+    """`calls` forward calls of T tokens after 32 cached positions, as one compiled loop (so no
+    dispatch cost is counted): each feeds the previous call's argmaxes, then rolls the cache back."""
+    dtype = model.params["wte"]["weight"].dtype
+    _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
+
+    def call(_, carry):
+        tokens, cache = carry
+        logits, cache = forward(model.params, tokens, cache, model.config)  # [T, V]
+        return jnp.argmax(logits, -1).astype(jnp.int32), cache._replace(length=cache.length - T)
+    return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
+
+
+def forward_time(model: Model, T: int, min_seconds=0.1) -> float:
+    """Seconds per forward call feeding T tokens: 2n calls less n calls, over n, with n doubled
+    until n calls take `min_seconds` (a tiny model's call is tens of microseconds)."""
+    run = lambda n: _forward_calls(model, T, n).block_until_ready()  # noqa: E731
+    n = 4
+    while (t_n := best(lambda: run(n))) < min_seconds:
+        n *= 2
+    return (best(lambda: run(2 * n)) - t_n) / n
 
 
 def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:
@@ -122,7 +143,8 @@ def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n
     t_spec = best(lambda: speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[0].block_until_ready())
     trace = speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[1]
     a = np.asarray(trace.n_accepted[:int(trace.n_steps)])
-    return {"K": K, "alpha": theory.alpha_from_trace(a, K), "tokens_per_call": n / len(a),
+    proposed = np.asarray(trace.proposed[:int(trace.n_steps)])  # False: an n-gram step with no guess
+    return {"K": K, "alpha": theory.alpha_from_trace(a[proposed], K), "tokens_per_call": n / len(a),
             "ar_seconds": t_ar, "spec_seconds": t_spec, "speedup": t_ar / t_spec}
 
 
@@ -146,14 +168,14 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
     return {"plain_seconds": t_plain, "assisted_seconds": t_assisted, "speedup": t_plain / t_assisted}
 
 
-def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers) -> dict:
+def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers, dtype) -> dict:
     """A draft and a target; draft "ngram" is the n-gram lookup, run on an input-grounded prompt."""
-    target = load_model(target_name)
+    target = load_model(target_name, dtype)
     if draft_name == "ngram":
         draft, with_transformers = NGramDraft(3), False  # transformers' prompt lookup is not compared
         prompt = load_tokenizer(target_name).encode(GROUNDED).ids
     else:
-        draft = load_model(draft_name)
+        draft = load_model(draft_name, dtype)
     t1 = forward_time(target, 1)
     c = 0.0 if draft_name == "ngram" else forward_time(draft, 1) / t1
     v = {K: forward_time(target, K + 1) / t1 for K in sorted(set(Ks) | set(vKs))}
@@ -161,22 +183,24 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
     for K in Ks:
         row = speculative_vs_autoregressive(draft, target, prompt, K, n)
         row["predicted_speedup"] = float(theory.walltime_improvement(row["alpha"], K, c, v[K]))
-        if with_transformers:
+        if with_transformers and dtype == "float32":  # assisted generation is compared in float32
             folders = [str(checkpoint_file(m, "config.json").parent) for m in (draft_name, target_name)]
             row["transformers_assisted"] = transformers_assisted(*folders, prompt, K, n)
         rows.append(row)
-    return {"pair": name, "draft": draft_name, "target": target_name, "c": c, "v": v, "rows": rows}
+    return {"pair": name, "draft": draft_name, "target": target_name, "dtype": dtype, "c": c, "v": v, "rows": rows}
 
 
-def decode_report(name: str, prompt, with_transformers) -> dict:
+def decode_report(name: str, prompt, with_transformers, dtype: str) -> dict:
+    """Greedy decode of one model in one dtype, picospec and transformers, beside the roofline."""
     folder, real = resolve(name)
-    model = load_model(folder)
-    s_pico = picospec_decode(model, prompt)
-    s_hf = transformers_decode(str(checkpoint_file(folder, "config.json").parent), prompt) if with_transformers else None
+    model = load_model(folder, dtype)
+    s_pico, compile_seconds = picospec_decode(model, prompt)
+    s_hf = transformers_decode(str(checkpoint_file(folder, "config.json").parent), prompt, dtype) if with_transformers else None
     bw = bandwidth()
     cache_len = 64  # what autoregressive_sample allocates for these runs: the power of two >= 8+8+32
     roofline = step_bytes(model, cache_len) / bw
-    return {"model": name, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
+    return {"model": name, "dtype": dtype, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
+            "picospec_compile_seconds": compile_seconds,
             "transformers_ms_per_token": None if s_hf is None else 1e3 * s_hf,
             "vs_transformers": None if s_hf is None else s_hf / s_pico,
             "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
@@ -184,22 +208,24 @@ def decode_report(name: str, prompt, with_transformers) -> dict:
 
 def markdown(report: dict) -> str:
     f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
+    times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
     lines = [f"Machine: {report['machine']}", "",
-             "| model | weights | picospec ms/token | transformers ms/token | picospec speedup | "
-             "weights-stream ms | roofline fraction |", "|---|---|---|---|---|---|---|"]
+             "| model | dtype | weights | picospec ms/token | transformers ms/token | picospec speedup | "
+             "weights-stream ms | roofline fraction | picospec compile s |", "|---|---|---|---|---|---|---|---|---|"]
     for d in report["decode"]:
-        lines.append(f"| {d['model']} | {'real' if d['real_weights'] else 'random'} | {f(d['picospec_ms_per_token'])} "
-                     f"| {f(d['transformers_ms_per_token'])} | {f(d['vs_transformers'])}x | "
-                     f"{f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} |")
+        lines.append(f"| {d['model']} | {d['dtype']} | {'real' if d['real_weights'] else 'random'} | "
+                     f"{f(d['picospec_ms_per_token'])} | {f(d['transformers_ms_per_token'])} | "
+                     f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
+                     f"{f(d['picospec_compile_seconds'], '.1f')} |")
     for p in report["pairs"]:
-        lines += ["", f"**{p['pair']}** ({p['draft']} drafting for {p['target']}): c = {p['c']:.3f}; "
+        lines += ["", f"**{p['pair']}**, {p['dtype']} ({p['draft']} drafting for {p['target']}): c = {p['c']:.3f}; "
                   + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
                   "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
                   "|---|---|---|---|---|---|"]
         for r in p["rows"]:
             hf = r.get("transformers_assisted")
             lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
-                         f"{r['predicted_speedup']:.2f}x | {f(hf and hf['speedup'])}x |")
+                         f"{r['predicted_speedup']:.2f}x | {times(hf and hf['speedup'])} |")
     return "\n".join(lines)
 
 
@@ -211,6 +237,8 @@ def main(argv=None):
     parser.add_argument("--K", default="2,4", help="K values for the speculative rows")
     parser.add_argument("--v-K", default="1,2,3,4,5,6,7,8", help="K values for v(K)")
     parser.add_argument("--n-tokens", type=int, default=48)
+    parser.add_argument("--dtype", default="float32",
+                        help="comma list of float32, bfloat16: picospec's and transformers' weights")
     parser.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
     parser.add_argument("--out", type=Path, default=Path("bench.json"))
     args = parser.parse_args(argv)
@@ -218,15 +246,20 @@ def main(argv=None):
     prompt = list(range(100, 108))  # 8 token ids valid in every vocabulary here
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                          f"jax {jax.__version__} on {jax.devices()[0].platform}", "decode": [], "pairs": []}
+    dtypes = args.dtype.split(",")
+    if unknown := set(dtypes) - {"float32", "bfloat16"}:
+        parser.error(f"unknown dtype {unknown.pop()!r}; use float32 and/or bfloat16")
     for name in filter(None, args.decode.split(",")):
-        report["decode"].append(decode_report(name, prompt, with_hf))
-        print(f"decode {name}: {json.dumps(report['decode'][-1])}", flush=True)
+        for dtype in dtypes:
+            report["decode"].append(decode_report(name, prompt, with_hf, dtype))
+            print(f"decode {name} {dtype}: {json.dumps(report['decode'][-1])}", flush=True)
     Ks, vKs = [int(k) for k in args.K.split(",")], [int(k) for k in args.v_K.split(",")]
     for pair in filter(None, args.pairs.split(",")):
         draft, target = (resolve(m)[0] if m != "ngram" else m for m in pair.split(":"))
-        p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf)
-        report["pairs"].append(p)
-        print(f"pair {pair}: {json.dumps(p)}", flush=True)
+        for dtype in dtypes:
+            p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf, dtype)
+            report["pairs"].append(p)
+            print(f"pair {pair} {dtype}: {json.dumps(p)}", flush=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(report))
 

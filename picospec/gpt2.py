@@ -1,7 +1,10 @@
 """GPT-2 in JAX: the forward pass, with a tiny explicit KV cache.
 
 Params are a plain pytree named after the checkpoint's own tensors (`h[3]["attn"]["c_attn"]["weight"]`
-is `h.3.attn.c_attn.weight`), in GPT-2's Conv1D layout: weights are [in, out], so `x @ w + b`.
+is `h.3.attn.c_attn.weight`). The dense weights are kept as [out, in], like `torch.nn.Linear` and the
+token embedding, so every matrix product contracts each weight row with the input: on CPU that is
+the memory-friendly way round (a row is one contiguous read). GPT-2's checkpoints store them the
+other way, [in, out] (its Conv1D); the loader transposes them once.
 
 Notation: T = tokens fed in this call, S = the cache's capacity (max_len), C = n_embd,
 H = n_head, D = C // H, V = vocab_size.
@@ -52,8 +55,18 @@ def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
     return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype) * weight + bias
 
 
-def linear(x, weight, bias):  # [T, in], [in, out], [out] -> [T, out]
-    return x @ weight + bias
+def matmul(x, w):  # [T, in], [out, in] -> [T, out]: each row of x against each row of w
+    """Accumulates in float32 whatever the weights' dtype. XLA on CPU has no fast matrix-vector
+    product for bfloat16 (it is ~10x slower than its two-row matrix product), so a lone row of
+    low-precision input goes in twice; on other backends the spare row costs next to nothing."""
+    T = x.shape[0]
+    rows = jnp.concatenate([x, x]) if T == 1 and w.dtype != jnp.float32 else x  # [T or 2, in]
+    y = jnp.einsum("ti,oi->to", rows.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    return y[:T].astype(x.dtype)
+
+
+def linear(x, weight, bias):  # [T, in], [out, in], [out] -> [T, out]
+    return matmul(x, weight) + bias
 
 
 def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H, D]
@@ -99,9 +112,8 @@ def transformer(params, tokens, cache: KVCache, config: GPT2Config):
     return x, KVCache(k_all, v_all, cache.length + tokens.shape[0])
 
 
-def lm_head(params, x):  # [T, C] -> [T, V]; the head is tied to the token embedding
-    # einsum, not x @ wte.T: XLA on CPU would copy out a transposed wte every call.
-    return jnp.einsum("tc,vc->tv", x, params["wte"]["weight"]).astype(jnp.float32)
+def lm_head(params, x):  # [T, C] -> [T, V] float32; the head is tied to the token embedding
+    return matmul(x.astype(jnp.float32), params["wte"]["weight"])
 
 
 @partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
@@ -127,8 +139,8 @@ def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp
     C, L = config.n_embd, config.n_layer
     keys = iter(jax.random.split(key, 2 + 4 * L))
 
-    def dense(n_in, n_out, scale=1.0):
-        w = std * scale * jax.random.normal(next(keys), (n_in, n_out))
+    def dense(n_in, n_out, scale=1.0):  # [out, in], see the module docstring
+        w = std * scale * jax.random.normal(next(keys), (n_out, n_in))
         return {"weight": w.astype(dtype), "bias": jnp.zeros(n_out, dtype)}
 
     def norm():

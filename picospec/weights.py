@@ -36,6 +36,8 @@ FILE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": 
 # Tensors a checkpoint may hold that the model does not need: the hub files carry each layer's
 # causal-mask buffers, and the LM head is tied to wte.
 SKIPPED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")
+# GPT-2's Conv1D weights, stored [in, out] in the checkpoint and kept [out, in] in params (see gpt2.py).
+CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
 def checkpoint_file(name_or_path: str, filename: str) -> Path:
@@ -137,17 +139,19 @@ def load_params(path: Path, config: GPT2Config, dtype) -> dict:
         def load(key_path, expected):
             name = _dotted(key_path)
             entry = header[stored[name]]
-            if tuple(entry["shape"]) != expected.shape:
+            conv1d = CONV1D.fullmatch(name)
+            shape = expected.shape[::-1] if conv1d else expected.shape  # as the file stores it
+            if tuple(entry["shape"]) != shape:
                 raise PicospecError(f"{path}: tensor {stored[name]} has shape {tuple(entry['shape'])}, "
-                                    f"but config.json implies {expected.shape}")
+                                    f"but config.json implies {shape}")
             begin, end = (data_start + o for o in entry["data_offsets"])
             file_dtype = FILE_DTYPES.get(entry["dtype"])
             if file_dtype is None or end > file_size or end - begin != expected.size * np.dtype(file_dtype).itemsize:
                 raise PicospecError(f"{path} is truncated or corrupt at tensor {stored[name]}; "
                                     "download it again")
-            host = np.frombuffer(mm, file_dtype, expected.size, begin).reshape(expected.shape)
+            host = np.frombuffer(mm, file_dtype, expected.size, begin).reshape(shape)
             array = _aligned_empty(expected.shape, dtype)
-            np.copyto(array, host, casting="unsafe")  # read from the file, converting the dtype
+            np.copyto(array, host.T if conv1d else host, casting="unsafe")  # read, converting the dtype
             del host  # release the view so the mapping can close
             page = (begin // mmap.PAGESIZE) * mmap.PAGESIZE
             mm.madvise(mmap.MADV_DONTNEED, page, end - page)  # drop the file pages just read
@@ -190,10 +194,18 @@ def _dotted(key_path) -> str:  # (DictKey('h'), SequenceKey(0), DictKey('ln_1'),
     return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
 
 
+def checkpoint_tensors(params: dict) -> dict:
+    """params -> {hub key name: float32 numpy array}, Conv1D weights back in the file's [in, out]."""
+    flat = {}
+    for key_path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name, x = _dotted(key_path), np.asarray(x, np.float32)
+        flat[name] = np.ascontiguousarray(x.T if CONV1D.fullmatch(name) else x)
+    return flat
+
+
 def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path):
     """Write a Hugging Face GPT-2 folder (hub key names, float32) that picospec and transformers load."""
     folder.mkdir(parents=True, exist_ok=True)
-    flat = {_dotted(p): np.asarray(x, np.float32) for p, x in jax.tree_util.tree_flatten_with_path(model.params)[0]}
-    save_file(flat, folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(checkpoint_tensors(model.params), folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(model.config.to_json(), indent=2) + "\n")
     tokenizer.save(str(folder / "tokenizer.json"))

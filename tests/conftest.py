@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 # No test reaches the network: the hub client must answer from its cache or fail fast.
@@ -20,6 +21,12 @@ def random_model(seed=0, n_layer=2, n_head=2, n_embd=16, vocab_size=8, n_positio
     config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
                         vocab_size=vocab_size, eos_token_id=vocab_size - 1)
     return Model(config, init_params(config, jax.random.key(seed), std=std))
+
+
+def early_exit(model: Model, n_layer: int) -> Model:
+    """The model's first n_layer blocks with its embeddings and final norm: a draft that agrees with
+    its target part of the time, as a real draft does (two unrelated random models almost never do)."""
+    return Model(dataclasses.replace(model.config, n_layer=n_layer), {**model.params, "h": model.params["h"][:n_layer]})
 
 
 class CompileCounter:

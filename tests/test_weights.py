@@ -35,7 +35,7 @@ def test_both_key_layouts_load_to_the_same_tree_and_skip_mask_buffers():
     assert sorted(hub.params) == sorted(prefixed.params) == ["h", "ln_f", "wpe", "wte"]
     assert sorted(hub.params["h"][1]["attn"]) == ["c_attn", "c_proj"]  # no bias/masked_bias
     stored = load_file(SOURCE / "model.safetensors")["h.1.attn.c_attn.weight"]
-    np.testing.assert_array_equal(hub.params["h"][1]["attn"]["c_attn"]["weight"], stored)  # Conv1D as is
+    np.testing.assert_array_equal(hub.params["h"][1]["attn"]["c_attn"]["weight"], stored.T)  # Conv1D, transposed
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -146,7 +146,7 @@ def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
     # 150 MB of float32 weights: big enough that an extra full copy would show.
     config = picospec.GPT2Config(n_layer=12, n_head=8, n_embd=512, n_positions=256, vocab_size=1000)
     params = weights.init_params(config, weights.jax.random.key(0))
-    flat = {weights._dotted(p): np.asarray(x) for p, x in weights.jax.tree_util.tree_flatten_with_path(params)[0]}
+    flat = weights.checkpoint_tensors(params)
     folder = tmp_path / "big"
     folder.mkdir()
     save_file(flat, folder / "model.safetensors")
