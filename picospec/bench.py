@@ -112,8 +112,8 @@ def step_bytes(model: Model, cache_len: int) -> int:
     return weights + 2 * model.config.n_layer * cache_len * model.config.n_embd * itemsize
 
 
-@partial(jax.jit, static_argnames=("T", "calls"))
-def _forward_calls(model: Model, T: int, calls: int):
+@partial(jax.jit, static_argnames=("T",))
+def _forward_calls(model: Model, T: int, calls):
     """`calls` forward calls of T tokens after 32 cached positions, as one compiled loop (so no
     dispatch cost is counted): each feeds the previous call's argmaxes, then rolls the cache back."""
     dtype = model.params["wte"]["weight"].dtype
@@ -129,7 +129,7 @@ def _forward_calls(model: Model, T: int, calls: int):
 def forward_time(model: Model, T: int, min_seconds=0.1) -> float:
     """Seconds per forward call feeding T tokens: 2n calls less n calls, over n, with n doubled
     until n calls take `min_seconds` (a tiny model's call is tens of microseconds)."""
-    run = lambda n: _forward_calls(model, T, n).block_until_ready()  # noqa: E731
+    run = lambda n: _forward_calls(model, T, jnp.int32(n)).block_until_ready()  # noqa: E731
     n = 4
     while (t_n := best(lambda: run(n))) < min_seconds:
         n *= 2
