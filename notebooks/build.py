@@ -84,24 +84,26 @@ from picospec import theory
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying",
            "Blessed are the", "And it came to pass"]
-K, N_TOKENS, RUNS = 4, 120, 8
+K, N_TOKENS, RUNS = 4, 112, 8  # every prompt + N_TOKENS + K fits one 128-slot buffer: one compile
 
 def run_all(temperature, K=K):
-    """RUNS samples per prompt, vmapped over keys; returns accepted counts and per-position acceptance."""
-    counts, per_position, reached = [], np.zeros(K), np.zeros(K)
+    """RUNS samples per prompt, vmapped over keys. Returns accepted counts, per-position acceptance,
+    and the first sample (prompt included) as a token list."""
+    counts, per_position, reached, first = [], np.zeros(K), np.zeros(K), None
     for prompt_text in PROMPTS:
         prompt = tokenizer.encode(prompt_text).ids
         keys = jax.random.split(jax.random.key(1), RUNS)
-        _, traces = jax.vmap(lambda k: picospec.speculative_sample(
+        tokens, traces = jax.vmap(lambda k: picospec.speculative_sample(
             draft, target, prompt, N_TOKENS, k, K=K, temperature=temperature))(keys)
+        first = first or (prompt, prompt + np.asarray(tokens[0]).tolist())
         for r in range(RUNS):
             a = np.asarray(traces.n_accepted[r, :int(traces.n_steps[r])])
             counts.append(a)
             reached += (np.arange(K)[None, :] <= a[:, None]).sum(0)  # positions a decision was made at
             per_position += (np.arange(K)[None, :] < a[:, None]).sum(0)  # ... and the token accepted
-    return counts, per_position / reached
+    return counts, per_position / reached, first
 
-counts, alpha_by_position = run_all(1.0)
+counts, alpha_by_position, _ = run_all(1.0)
 a = np.concatenate(counts)
 alpha = theory.alpha_from_trace(a, K)
 print(f"{len(a)} iterations; alpha (maximum likelihood) = {alpha:.3f}")
@@ -132,19 +134,19 @@ of a generated text, from both models' full distributions."""),
         ("code", '''\
 from picospec.sampling import Sampling, logits_to_probs
 
-def exact_alpha(temperature):
-    prompt = tokenizer.encode(PROMPTS[0]).ids
-    tokens, _ = picospec.speculative_sample(draft, target, prompt, N_TOKENS, jax.random.key(2), K=K,
-                                            temperature=temperature)
-    seq = prompt + tokens.tolist()
+def exact_alpha(temperature, prompt, seq):
+    """The mean of sum(min(p, q)) over the generated positions of seq (a sample at this temperature)."""
     s = Sampling(temperature)
     p = logits_to_probs(picospec.logits(draft, seq)[len(prompt) - 1:-1], s)
     q = logits_to_probs(picospec.logits(target, seq)[len(prompt) - 1:-1], s)
     return theory.alpha_exact(np.asarray(p), np.asarray(q))
 
 temperatures = [0.0, 0.5, 1.0, 1.5]
-measured = [theory.alpha_from_trace(np.concatenate(run_all(t)[0]), K) for t in temperatures]
-exact = [exact_alpha(t) for t in temperatures]
+measured, exact = [], []
+for t in temperatures:
+    counts_t, _, (prompt, seq) = run_all(t)
+    measured.append(theory.alpha_from_trace(np.concatenate(counts_t), K))
+    exact.append(exact_alpha(t, prompt, seq))
 for t, m, e in zip(temperatures, measured, exact):
     print(f"T={t:4.2f}  measured α={m:.3f}  exact Σmin(p,q)={e:.3f}")
 plt.figure(figsize=(5, 3.5))
