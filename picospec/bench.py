@@ -36,23 +36,22 @@ GROUNDED = "In the beginning God created the heaven and the earth. In the beginn
 RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
 
 
-def best(fn, repeats=3) -> float:
-    """The fastest of `repeats` timed calls, after one warm-up call (which compiles)."""
-    return timed(fn, repeats)[0]
-
-
-def timed(fn, repeats=3) -> tuple[float, float]:
-    """(fastest of `repeats` timed calls, the warm-up call before them): the warm-up call compiles,
-    so its excess over the fastest call is the compile time."""
-    t0 = time.perf_counter()
-    fn()
-    warmup = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
+def race(rounds=3, **contenders) -> tuple[dict, dict]:
+    """({name: fastest of `rounds` timed calls}, {name: its first call}), the contenders called in
+    turn, round after round, so that a slow spell on a shared machine slows them alike. The first
+    call warms up and compiles: its excess over the fastest call is the compile time."""
+    def seconds(fn):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), warmup
+        return time.perf_counter() - t0
+    warmup = {name: seconds(fn) for name, fn in contenders.items()}
+    laps = [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)]
+    return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
+
+
+def best(fn, rounds=3) -> float:
+    """The fastest of `rounds` timed calls, after one warm-up call."""
+    return race(rounds, fn=fn)[0]["fn"]
 
 
 def resolve(name: str) -> tuple[str, bool]:
@@ -70,17 +69,14 @@ def resolve(name: str) -> tuple[str, bool]:
     return str(folder), False
 
 
-def picospec_decode(model: Model, prompt, n=32) -> tuple[float, float]:
-    """(seconds per greedy decode step, seconds of warm-up and compilation): the step is the time for
-    n + 8 tokens less the time for 8, over n, so prefill and fixed costs cancel."""
+def picospec_decode(model: Model, prompt, m: int):
+    """A greedy decode of m tokens."""
     key = jax.random.key(0)
-    run = lambda m: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()  # noqa: E731
-    (long, warmup), short = timed(lambda: run(n + 8)), best(lambda: run(8))
-    return (long - short) / n, warmup - long
+    return lambda: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()
 
 
-def transformers_decode(folder: str, prompt, dtype: str, n=32):
-    """The same measurement with transformers' generate; None if it is not installed."""
+def transformers_decode(folder: str, prompt, dtype: str, m: int):
+    """The same with transformers' generate (use_cache=True); None if it is not installed."""
     try:
         import torch
         from transformers import GPT2LMHeadModel
@@ -89,20 +85,19 @@ def transformers_decode(folder: str, prompt, dtype: str, n=32):
     model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
     ids = torch.tensor([prompt])
 
-    def run(m):
+    def run():
         with torch.no_grad():
             model.generate(ids, max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
                            pad_token_id=0)
-    return (best(lambda: run(n + 8)) - best(lambda: run(8))) / n
+    return run
 
 
-def bandwidth() -> float:
-    """Memory read bandwidth in bytes/s: the faster of a jitted sum and a matrix-vector product over
-    1 GiB, larger than any cache (a decode step is mostly matrix-vector products)."""
+def stream_1GiB():
+    """A jitted matrix-vector product over a 1 GiB matrix, larger than any cache: its time gives
+    the memory read bandwidth (a decode step is mostly matrix-vector products)."""
     w, x = jnp.ones((1 << 14, 1 << 14), jnp.float32), jnp.ones(1 << 14, jnp.float32)
-    total, matvec = jax.jit(jnp.sum), jax.jit(jnp.matmul)
-    seconds = min(best(lambda: total(w).block_until_ready(), 5), best(lambda: matvec(w, x).block_until_ready(), 5))
-    return w.nbytes / seconds
+    matvec = jax.jit(jnp.matmul)
+    return lambda: matvec(w, x).block_until_ready()
 
 
 def step_bytes(model: Model, cache_len: int) -> int:
@@ -139,13 +134,13 @@ def forward_time(model: Model, T: int, min_seconds=0.1) -> float:
 def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:
     """Greedy speculative and autoregressive sampling of n tokens, timed, with alpha from the trace."""
     key = jax.random.key(0)
-    t_ar = best(lambda: autoregressive_sample(target, prompt, n, key, temperature=0).block_until_ready())
-    t_spec = best(lambda: speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[0].block_until_ready())
+    t, _ = race(ar=lambda: autoregressive_sample(target, prompt, n, key, temperature=0).block_until_ready(),
+                spec=lambda: speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[0].block_until_ready())
     trace = speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[1]
     a = np.asarray(trace.n_accepted[:int(trace.n_steps)])
     proposed = np.asarray(trace.proposed[:int(trace.n_steps)])  # False: an n-gram step with no guess
     return {"K": K, "alpha": theory.alpha_from_trace(a[proposed], K), "tokens_per_call": n / len(a),
-            "ar_seconds": t_ar, "spec_seconds": t_spec, "speedup": t_ar / t_spec}
+            "ar_seconds": t["ar"], "spec_seconds": t["spec"], "speedup": t["ar"] / t["spec"]}
 
 
 def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
@@ -163,9 +158,9 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
     assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
                   assistant_confidence_threshold=0.0)
     with torch.no_grad():
-        t_plain = best(lambda: target.generate(ids, **common))
-        t_assisted = best(lambda: target.generate(ids, **common, **assist))
-    return {"plain_seconds": t_plain, "assisted_seconds": t_assisted, "speedup": t_plain / t_assisted}
+        t, _ = race(plain=lambda: target.generate(ids, **common),
+                    assisted=lambda: target.generate(ids, **common, **assist))
+    return {"plain_seconds": t["plain"], "assisted_seconds": t["assisted"], "speedup": t["plain"] / t["assisted"]}
 
 
 def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers, dtype) -> dict:
@@ -190,17 +185,25 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
     return {"pair": name, "draft": draft_name, "target": target_name, "dtype": dtype, "c": c, "v": v, "rows": rows}
 
 
-def decode_report(name: str, prompt, with_transformers, dtype: str) -> dict:
-    """Greedy decode of one model in one dtype, picospec and transformers, beside the roofline."""
+def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dict:
+    """Greedy decode of one model in one dtype, picospec and transformers, beside the roofline, all
+    raced in one loop. A decode step is the time for n + 8 tokens less the time for 8, over n, so
+    prefill and fixed costs cancel."""
     folder, real = resolve(name)
     model = load_model(folder, dtype)
-    s_pico, compile_seconds = picospec_decode(model, prompt)
-    s_hf = transformers_decode(str(checkpoint_file(folder, "config.json").parent), prompt, dtype) if with_transformers else None
-    bw = bandwidth()
+    runs = dict(long=picospec_decode(model, prompt, n + 8), short=picospec_decode(model, prompt, 8),
+                stream=stream_1GiB())
+    hf_folder = str(checkpoint_file(folder, "config.json").parent)
+    if with_transformers and (hf_long := transformers_decode(hf_folder, prompt, dtype, n + 8)):
+        runs |= dict(hf_long=hf_long, hf_short=transformers_decode(hf_folder, prompt, dtype, 8))
+    t, warmup = race(**runs)
+    s_pico = (t["long"] - t["short"]) / n
+    s_hf = (t["hf_long"] - t["hf_short"]) / n if "hf_long" in t else None
+    bw = (1 << 30) / t["stream"]  # bytes/s: the 1 GiB matrix read once
     cache_len = 64  # what autoregressive_sample allocates for these runs: the power of two >= 8+8+32
     roofline = step_bytes(model, cache_len) / bw
     return {"model": name, "dtype": dtype, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
-            "picospec_compile_seconds": compile_seconds,
+            "picospec_compile_seconds": warmup["long"] - t["long"],
             "transformers_ms_per_token": None if s_hf is None else 1e3 * s_hf,
             "vs_transformers": None if s_hf is None else s_hf / s_pico,
             "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
