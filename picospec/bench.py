@@ -25,7 +25,7 @@ import numpy as np
 from huggingface_hub import try_to_load_from_cache
 
 from picospec import theory
-from picospec.gpt2 import Model, forward, init_cache
+from picospec.gpt2 import KVCache, Model, forward, init_cache
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
 from picospec.ngram import NGramDraft
@@ -108,12 +108,9 @@ def step_bytes(model: Model, cache_len: int) -> int:
 
 
 @partial(jax.jit, static_argnames=("T",))
-def _forward_calls(model: Model, T: int, calls):
-    """`calls` forward calls of T tokens after 32 cached positions, as one compiled loop (so no
-    dispatch cost is counted): each feeds the previous call's argmaxes, then rolls the cache back."""
-    dtype = model.params["wte"]["weight"].dtype
-    _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
-
+def _forward_calls(model: Model, T: int, calls, cache: KVCache):
+    """`calls` forward calls of T tokens as one compiled loop (so no dispatch cost is counted):
+    each feeds the previous call's argmaxes, then rolls the cache back."""
     def call(_, carry):
         tokens, cache = carry
         logits, cache = forward(model.params, tokens, cache, model.config)  # [T, V]
@@ -121,14 +118,23 @@ def _forward_calls(model: Model, T: int, calls):
     return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
 
 
-def forward_time(model: Model, T: int, min_seconds=0.1) -> float:
-    """Seconds per forward call feeding T tokens: 2n calls less n calls, over n, with n doubled
-    until n calls take `min_seconds` (a tiny model's call is tens of microseconds)."""
-    run = lambda n: _forward_calls(model, T, jnp.int32(n)).block_until_ready()  # noqa: E731
-    n = 4
-    while (t_n := best(lambda: run(n))) < min_seconds:
-        n *= 2
-    return (best(lambda: run(2 * n)) - t_n) / n
+def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
+    """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
+    cached positions. Each is timed as n calls in one compiled loop, n doubled until they take
+    `min_seconds` (a tiny model's call is tens of microseconds), and all are raced together, so a
+    slow spell hits both sides of v(K) and c alike."""
+    runs, n_calls = {}, {}
+    for name, (model, T) in calls.items():
+        dtype = model.params["wte"]["weight"].dtype
+        _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
+        run = lambda n, model=model, T=T, cache=cache: lambda: _forward_calls(  # noqa: E731
+            model, T, jnp.int32(n), cache).block_until_ready()
+        n = 4
+        while best(run(n), rounds=1) < min_seconds:
+            n *= 2
+        runs[name], n_calls[name] = run(n), n
+    t, _ = race(rounds, **runs)
+    return {name: t[name] / n_calls[name] for name in calls}
 
 
 def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:
@@ -171,9 +177,12 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
         prompt = load_tokenizer(target_name).encode(GROUNDED).ids
     else:
         draft = load_model(draft_name, dtype)
-    t1 = forward_time(target, 1)
-    c = 0.0 if draft_name == "ngram" else forward_time(draft, 1) / t1
-    v = {K: forward_time(target, K + 1) / t1 for K in sorted(set(Ks) | set(vKs))}
+    calls = {f"target T={K + 1}": (target, K + 1) for K in sorted({0} | set(Ks) | set(vKs))}
+    if draft_name != "ngram":
+        calls["draft T=1"] = (draft, 1)
+    t = forward_times(calls)
+    c = t["draft T=1"] / t["target T=1"] if draft_name != "ngram" else 0.0
+    v = {K: t[f"target T={K + 1}"] / t["target T=1"] for K in sorted(set(Ks) | set(vKs))}
     rows = []
     for K in Ks:
         row = speculative_vs_autoregressive(draft, target, prompt, K, n)
