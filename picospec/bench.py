@@ -230,7 +230,7 @@ def markdown(report: dict) -> str:
                      f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
                      f"{f(d['picospec_compile_seconds'], '.1f')} |")
     for p in report["pairs"]:
-        lines += ["", f"**{p['pair']}**, {p['dtype']} ({p['draft']} drafting for {p['target']}): c = {p['c']:.3f}; "
+        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
                   + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
                   "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
                   "|---|---|---|---|---|---|"]
