@@ -15,43 +15,23 @@ import argparse
 import json
 import os
 import platform
-import time
-from functools import partial
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from huggingface_hub import try_to_load_from_cache
 
 from picospec import theory
-from picospec.gpt2 import KVCache, Model, forward, init_cache
+from picospec.gpt2 import Model
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
 from picospec.ngram import NGramDraft
+from picospec.timing import forward_times, race, stream_1GiB
 from picospec.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
 
 SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
 GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
 RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
-
-
-def race(rounds=3, **contenders) -> tuple[dict, dict]:
-    """({name: fastest of `rounds` timed calls}, {name: its first call}), the contenders called in
-    turn, round after round, so that a slow spell on a shared machine slows them alike. The first
-    call warms up and compiles: its excess over the fastest call is the compile time."""
-    def seconds(fn):
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    warmup = {name: seconds(fn) for name, fn in contenders.items()}
-    laps = [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)]
-    return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
-
-
-def best(fn, rounds=3) -> float:
-    """The fastest of `rounds` timed calls, after one warm-up call."""
-    return race(rounds, fn=fn)[0]["fn"]
 
 
 def resolve(name: str) -> tuple[str, bool]:
@@ -92,49 +72,11 @@ def transformers_decode(folder: str, prompt, dtype: str, m: int):
     return run
 
 
-def stream_1GiB():
-    """A jitted matrix-vector product over a 1 GiB matrix, larger than any cache: its time gives
-    the memory read bandwidth (a decode step is mostly matrix-vector products)."""
-    w, x = jnp.ones((1 << 14, 1 << 14), jnp.float32), jnp.ones(1 << 14, jnp.float32)
-    matvec = jax.jit(jnp.matmul)
-    return lambda: matvec(w, x).block_until_ready()
-
-
 def step_bytes(model: Model, cache_len: int) -> int:
     """Bytes a decode step reads: every weight once, plus the whole K and V cache buffers."""
     weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
     itemsize = model.params["wte"]["weight"].dtype.itemsize
     return weights + 2 * model.config.n_layer * cache_len * model.config.n_embd * itemsize
-
-
-@partial(jax.jit, static_argnames=("T",))
-def _forward_calls(model: Model, T: int, calls, cache: KVCache):
-    """`calls` forward calls of T tokens as one compiled loop (so no dispatch cost is counted):
-    each feeds the previous call's argmaxes, then rolls the cache back."""
-    def call(_, carry):
-        tokens, cache = carry
-        logits, cache = forward(model.params, tokens, cache, model.config)  # [T, V]
-        return jnp.argmax(logits, -1).astype(jnp.int32), cache._replace(length=cache.length - T)
-    return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
-
-
-def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
-    """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
-    cached positions. Each is timed as n calls in one compiled loop, n doubled until they take
-    `min_seconds` (a tiny model's call is tens of microseconds), and all are raced together, so a
-    slow spell hits both sides of v(K) and c alike."""
-    runs, n_calls = {}, {}
-    for name, (model, T) in calls.items():
-        dtype = model.params["wte"]["weight"].dtype
-        _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
-        run = lambda n, model=model, T=T, cache=cache: lambda: _forward_calls(  # noqa: E731
-            model, T, jnp.int32(n), cache).block_until_ready()
-        n = 4
-        while best(run(n), rounds=1) < min_seconds:
-            n *= 2
-        runs[name], n_calls[name] = run(n), n
-    t, _ = race(rounds, **runs)
-    return {name: t[name] / n_calls[name] for name in calls}
 
 
 def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:

@@ -1,0 +1,69 @@
+"""Timing on a shared, noisy machine: contenders raced in turn, forward calls timed in a compiled loop.
+
+Every number that enters a ratio in the benchmark comes from `race`, so a slow spell slows both sides
+of the ratio alike; each contender keeps its fastest call.
+"""
+
+import time
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from picospec.gpt2 import KVCache, Model, forward, init_cache
+
+
+def race(rounds=3, **contenders) -> tuple[dict, dict]:
+    """({name: fastest of `rounds` timed calls}, {name: its first call}), the contenders called in
+    turn, round after round, so that a slow spell on a shared machine slows them alike. The first
+    call warms up and compiles: its excess over the fastest call is the compile time."""
+    def seconds(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    warmup = {name: seconds(fn) for name, fn in contenders.items()}
+    laps = [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)]
+    return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
+
+
+def best(fn, rounds=3) -> float:
+    """The fastest of `rounds` timed calls, after one warm-up call."""
+    return race(rounds, fn=fn)[0]["fn"]
+
+
+def stream_1GiB():
+    """A jitted matrix-vector product over a 1 GiB matrix, larger than any cache: its time gives
+    the memory read bandwidth (a decode step is mostly matrix-vector products)."""
+    w, x = jnp.ones((1 << 14, 1 << 14), jnp.float32), jnp.ones(1 << 14, jnp.float32)
+    matvec = jax.jit(jnp.matmul)
+    return lambda: matvec(w, x).block_until_ready()
+
+
+@partial(jax.jit, static_argnames=("T",))
+def _forward_calls(model: Model, T: int, calls, cache: KVCache):
+    """`calls` forward calls of T tokens as one compiled loop (so no dispatch cost is counted):
+    each feeds the previous call's argmaxes, then rolls the cache back."""
+    def call(_, carry):
+        tokens, cache = carry
+        logits, cache = forward(model.params, tokens, cache, model.config)  # [T, V]
+        return jnp.argmax(logits, -1).astype(jnp.int32), cache._replace(length=cache.length - T)
+    return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
+
+
+def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
+    """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
+    cached positions. Each is timed as n calls in one compiled loop, n doubled until they take
+    `min_seconds` (a tiny model's call is tens of microseconds), and all are raced together, so a
+    slow spell hits both sides of v(K) and c alike."""
+    runs, n_calls = {}, {}
+    for name, (model, T) in calls.items():
+        dtype = model.params["wte"]["weight"].dtype
+        _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
+        run = lambda n, model=model, T=T, cache=cache: lambda: _forward_calls(  # noqa: E731
+            model, T, jnp.int32(n), cache).block_until_ready()
+        n = 4
+        while best(run(n), rounds=1) < min_seconds:
+            n *= 2
+        runs[name], n_calls[name] = run(n), n
+    t, _ = race(rounds, **runs)
+    return {name: t[name] / n_calls[name] for name in calls}
