@@ -8,6 +8,7 @@ import sys
 import jax
 
 from picospec.errors import PicospecError
+from picospec.jit_cache import use_persistent_cache
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.speculative import check_pair
@@ -103,6 +104,7 @@ def _summary(mode, stats):
 def main(argv=None):
     try:
         args = parse_args(argv)
+        use_persistent_cache()  # a second run of the same command compiles nothing
         Sampling(args.temperature, args.top_k, args.top_p)  # validate before loading anything
         for name, value in [("K", args.K), ("n-tokens", args.n_tokens)]:
             if value < 1:

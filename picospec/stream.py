@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.sampling import DecodeState, Sampling, autoregressive_step, buffers, prefill
-from picospec.speculative import check_pair, speculative_step, start
+from picospec.speculative import Trace, check_pair, speculative_step, start
 
 
 @dataclass
@@ -57,14 +57,14 @@ def stream_speculative(draft: Model | NGramDraft, target: Model, prompt, n_token
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(draft, target, tokens, len(prompt), key))
     timing.seconds += time.perf_counter() - t0
-    step, s2 = _compile(speculative_step, draft, target, state, static=("K", "sampling", "eos_id"),
+    step, s2 = _compile(_speculative_step_and_row, draft, target, state, static=("K", "sampling", "eos_id"),
                         donate=("state",), K=K, sampling=sampling, eos_id=eos_id)
     timing.compile_seconds += s1 + s2
     produced = 0
     while produced < n_tokens:
         t0 = time.perf_counter()
-        state = step(draft, target, state)
-        record = trace_step(state.trace, int(state.trace.n_steps) - 1, n_tokens - produced)
+        state, row = step(draft, target, state)
+        record = step_from_row(jax.device_get(row), n_tokens - produced)  # one small read per iteration
         timing.seconds += time.perf_counter() - t0
         produced += len(record.tokens)
         yield record
@@ -72,22 +72,31 @@ def stream_speculative(draft: Model | NGramDraft, target: Model, prompt, n_token
             break
 
 
-def trace_step(trace, i: int, n_left: int) -> Step:
-    """Row i of a Trace as a Step, its tokens cut to the n_left still wanted."""
-    drafted, a, extra, bonus, p, q, u, proposed = jax.device_get(
-        (trace.drafted[i], trace.n_accepted[i], trace.extra[i], trace.bonus[i], trace.p[i], trace.q[i], trace.u[i],
-         trace.proposed[i]))
-    tokens = [int(t) for t in drafted[:a]] + [int(extra)]
-    if not proposed:
+def _speculative_step_and_row(draft, target, state, K, sampling, eos_id):
+    """One iteration, and its row of the trace: the host then reads a few numbers, not the trace."""
+    state = speculative_step(draft, target, state, K, sampling, eos_id)
+    return state, trace_row(state.trace, state.trace.n_steps - 1)
+
+
+def trace_row(trace: Trace, i) -> Trace:
+    """Row i of every field of a Trace (n_steps stays as it is)."""
+    return trace._replace(**{name: getattr(trace, name)[i] for name in Trace._fields if name != "n_steps"})
+
+
+def step_from_row(row: Trace, n_left: int) -> Step:
+    """One row of a Trace as a Step, its tokens cut to the n_left still wanted."""
+    tokens = [int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)]
+    if not row.proposed:
         return Step(tokens[:n_left], proposed=False)
-    return Step(tokens[:n_left], drafted.tolist(), int(a), bool(bonus), p.tolist(), q.tolist(), u.tolist())
+    return Step(tokens[:n_left], row.drafted.tolist(), int(row.n_accepted), bool(row.bonus), row.p.tolist(),
+                row.q.tolist(), row.u.tolist())
 
 
-def trace_steps(trace, n_tokens: int) -> list[Step]:
+def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:
     """Every iteration of a Trace (from speculative_sample) as Steps, cut at n_tokens in all."""
-    steps = []
+    trace, steps = jax.device_get(trace), []
     for i in range(int(trace.n_steps)):
-        steps.append(trace_step(trace, i, n_tokens - sum(len(s.tokens) for s in steps)))
+        steps.append(step_from_row(trace_row(trace, i), n_tokens - sum(len(s.tokens) for s in steps)))
     return steps
 
 
@@ -103,14 +112,19 @@ def stream_autoregressive(model: Model, prompt, n_tokens: int, key, *, sampling:
     state = DecodeState(jnp.asarray(tokens), n, jax.block_until_ready(fill(model, tokens, n)), key,
                         jnp.array(False))
     timing.seconds += time.perf_counter() - t0
-    step, s2 = _compile(autoregressive_step, model, state, static=("sampling", "eos_id"), donate=("state",),
-                        sampling=sampling, eos_id=eos_id)
+    step, s2 = _compile(_autoregressive_step_and_token, model, state, static=("sampling", "eos_id"),
+                        donate=("state",), sampling=sampling, eos_id=eos_id)
     timing.compile_seconds += s1 + s2
-    for i in range(n_tokens):
+    for _ in range(n_tokens):
         t0 = time.perf_counter()
-        state = step(model, state)
-        token = int(state.tokens[len(prompt) + i])
+        state, token = step(model, state)
+        token = int(token)
         timing.seconds += time.perf_counter() - t0
         yield Step([token])
         if token == eos_id:
             break
+
+
+def _autoregressive_step_and_token(model, state, sampling, eos_id):
+    state = autoregressive_step(model, state, sampling, eos_id)
+    return state, state.tokens[state.n - 1]

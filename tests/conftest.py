@@ -4,6 +4,9 @@ import os
 # No test reaches the network: the hub client must answer from its cache or fail fast.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CLI keeps compiled programs on disk; here that would hide the recompiles the compile counters
+# look for (test_jit_cache.py turns it on where it is the subject).
+os.environ["PICOSPEC_JIT_CACHE"] = "off"
 
 from pathlib import Path  # noqa: E402
 
