@@ -51,6 +51,19 @@ def walltime_improvement(alpha, K: int, c: float, v: float = 1.0):
     return expected_tokens_per_call(alpha, K) / (K * c + v)
 
 
+def alpha_from_speedup(speedup: float, K: int, c: float, v: float = 1.0) -> float:
+    """The alpha at which walltime_improvement(alpha, K, c, v) equals `speedup`: what a published
+    speedup implies about its pair, given its costs. walltime_improvement rises with alpha, so
+    bisection finds it; a speedup out of reach at any alpha raises ValueError."""
+    lo, hi = 0.0, 1.0
+    if not walltime_improvement(lo, K, c, v) <= speedup <= walltime_improvement(hi, K, c, v):
+        raise ValueError(f"a speedup of {speedup} is out of reach with K={K}, c={c}, v={v}")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if walltime_improvement(mid, K, c, v) < speedup else (lo, mid)
+    return (lo + hi) / 2
+
+
 def optimal_K(alpha: float, c: float, v=lambda K: 1.0, K_max: int = 32) -> int:
     """The K in 1..K_max that maximizes walltime_improvement; v maps K to v(K)."""
     gains = [float(walltime_improvement(alpha, K, c, v(K))) for K in range(1, K_max + 1)]

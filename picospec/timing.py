@@ -1,11 +1,16 @@
 """Timing on a shared, noisy machine: contenders raced in turn, forward calls timed in a compiled loop.
 
 Every number that enters a ratio in the benchmark comes from `race`, so a slow spell slows both sides
-of the ratio alike; each contender keeps its fastest call.
+of the ratio alike; each contender keeps its fastest call. Start-up is timed apart, in fresh processes.
 """
 
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from functools import partial
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -67,3 +72,40 @@ def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
         runs[name], n_calls[name] = run(n), n
     t, _ = race(rounds, **runs)
     return {name: t[name] / n_calls[name] for name in calls}
+
+
+FIRST_TOKEN = """
+import sys, jax
+from picospec.jit_cache import use_persistent_cache
+from picospec.sampling import Sampling
+from picospec.stream import stream_speculative
+from picospec.weights import load_model
+use_persistent_cache()
+draft, target, K = load_model(sys.argv[1]), load_model(sys.argv[2]), int(sys.argv[3])
+next(stream_speculative(draft, target, [1, 2, 3], 16, jax.random.key(0), K=K, sampling=Sampling(0.0)))
+print("first token", flush=True)
+"""
+
+
+def first_token_seconds(draft: str, target: str, K: int, jit_cache: Path) -> float:
+    """Wall time from launching a fresh Python process to its first streamed speculative iteration:
+    imports, loading both models, compiling (or loading from `jit_cache`), prefill, one iteration."""
+    env = {**os.environ, "PICOSPEC_JIT_CACHE": str(jit_cache)}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    t0 = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-c", FIRST_TOKEN, draft, target, str(K)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    seconds = time.perf_counter() - t0
+    _, err = child.communicate()
+    if line.strip() != "first token":
+        raise RuntimeError(f"the start-up run failed: {err.strip().splitlines()[-1:]}")
+    return seconds
+
+
+def startup_times(draft: str, target: str, K: int = 4) -> dict:
+    """Seconds to the first token, cold (an empty compilation cache) and warm (the same cache again)."""
+    with tempfile.TemporaryDirectory() as folder:
+        cold = first_token_seconds(draft, target, K, Path(folder))
+        warm = min(first_token_seconds(draft, target, K, Path(folder)) for _ in range(2))
+    return {"cold_seconds": cold, "warm_seconds": warm}

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from conftest import DATA
 
 from picospec import bench
@@ -11,7 +13,7 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
     out = tmp_path / "bench.json"
     pair = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", pair, "--K", "2", "--v-K", "1",
-                "--n-tokens", "12", "--no-transformers", "--dtype", "float32,bfloat16", "--out", str(out)])
+                "--n-tokens", "12", "--no-transformers", "--startup", pair, "--dtype", "float32,bfloat16", "--out", str(out)])
     report = json.loads(out.read_text())
     assert [d["dtype"] for d in report["decode"]] == ["float32", "bfloat16"]
     for decode in report["decode"]:
@@ -25,6 +27,19 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
         assert all(v > 0 for v in pair_report["v"].values()) and pair_report["c"] > 0
         for row in pair_report["rows"]:
             assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1
+    [startup] = report["startup"]
+    assert startup["cold_seconds"] > 0 and startup["warm_seconds"] > 0  # a fresh process reached a token
     table = capsys.readouterr().out
     assert "| model | dtype | weights | picospec ms/token" in table and "| K | alpha |" in table
     assert "—x" not in table  # a missing number is a dash, not a dash with a unit
+
+
+def test_real_gpt2_prediction_gives_back_jaymodys_speedup_at_his_costs():
+    K, c = bench.JAYMODY["K"], bench.JAYMODY["c"]
+    pair = {"c": c, "v": {K: 1.0, 8: 2.0}, "rows": [{"K": K, "iteration_cost": 2.0}]}
+    prediction = bench.real_gpt2_prediction(pair)
+    assert prediction["theory_by_K"][K] == pytest.approx(60.64 / 27.15)  # his costs: his speedup
+    assert 0.70 < prediction["alpha"] < 0.75
+    [row] = prediction["rows"]  # with an iteration that costs two autoregressive steps, half his tokens/s
+    assert row["from_iteration_cost"] == pytest.approx(row["tokens_per_call"] / 2.0)
+    assert prediction["theory_by_K"][8] < prediction["theory_by_K"][K]  # a costly v(8) shows

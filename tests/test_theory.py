@@ -79,3 +79,14 @@ def test_lenience_is_exact_at_one_and_accepts_more_below():
         law = theory.lenient_output_law(p, q, l)
         assert law.sum() == pytest.approx(1.0) and (law >= 0).all()
         assert np.abs(law - q).sum() > 0.01  # no longer exact
+
+
+@pytest.mark.parametrize("alpha, K, c, v", [(0.73, 4, 0.08, 1.0), (0.5, 2, 0.2, 1.3), (0.95, 8, 0.01, 1.9)])
+def test_alpha_from_speedup_inverts_walltime_improvement(alpha, K, c, v):
+    speedup = float(theory.walltime_improvement(alpha, K, c, v))
+    assert theory.alpha_from_speedup(speedup, K, c, v) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_alpha_from_speedup_refuses_an_impossible_speedup():
+    with pytest.raises(ValueError):  # even alpha = 1 gives at most 5 / (4 * 0.08 + 1) = 3.79
+        theory.alpha_from_speedup(4.0, 4, 0.08)
