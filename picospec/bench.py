@@ -189,6 +189,17 @@ def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dic
             "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), with AVX-512 noted: figures differ between machines."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    return f"{name or 'unknown CPU'}{', AVX-512' if 'avx512f' in flags else ''}{' with bf16' if 'avx512_bf16' in flags else ''}"
+
+
 def markdown(report: dict) -> str:
     f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
     times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
@@ -240,7 +251,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with_hf = not args.no_transformers
     prompt = list(range(100, 108))  # 8 token ids valid in every vocabulary here
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+    report = {"machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
                          f"jax {jax.__version__} on {jax.devices()[0].platform}", "decode": [], "pairs": []}
     dtypes = args.dtype.split(",")
     if unknown := set(dtypes) - {"float32", "bfloat16"}:
