@@ -1,11 +1,12 @@
 """Compile once per machine: JAX's persistent compilation cache, in a per-user folder.
 
-Compiling the forward pass and the sampling loops takes seconds (tens of seconds for GPT-2 1558M);
+Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT-2 1558M);
 the compiled programs depend only on the shapes, dtypes and static options, not on the prompt. So the
 CLI and the benchmark keep them on disk, and a second run of the same command loads them instead.
 
 The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit).
-PICOSPEC_JIT_CACHE=off turns it off. Deleting the folder is always safe: it only costs a recompile.
+PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB:
+the weights are arguments, not constants), and deleting the folder is always safe: it only costs a recompile.
 A JAX_COMPILATION_CACHE_DIR set by the user is left as it is.
 """
 
@@ -34,4 +35,5 @@ def use_persistent_cache() -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # even the sub-second ones add up
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", 1 << 30)  # least recently used go beyond 1 GiB
     return folder
