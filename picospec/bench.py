@@ -155,12 +155,12 @@ def real_gpt2_prediction(pair: dict) -> dict:
     """What GPT-2 124M -> 1558M with its real weights should gain on this machine: the alpha that
     jaymody's published run implies, with the c, v(K) and iteration cost measured here (speed does not
     depend on the weights' values, so random-weight checkpoints of the same shapes measure it)."""
-    alpha = JAYMODY_ALPHA
-    rows = [{"K": r["K"], "tokens_per_call": float(theory.expected_tokens_per_call(alpha, r["K"])),
-             "iteration_cost": r["iteration_cost"],
-             "from_iteration_cost": float(theory.expected_tokens_per_call(alpha, r["K"])) / r["iteration_cost"],
-             "theory": float(theory.walltime_improvement(alpha, r["K"], pair["c"], pair["v"][r["K"]]))}
-            for r in pair["rows"]]
+    alpha, rows = JAYMODY_ALPHA, []
+    for r in pair["rows"]:
+        tokens = float(theory.expected_tokens_per_call(alpha, r["K"]))
+        rows.append({"K": r["K"], "tokens_per_call": tokens, "iteration_cost": r["iteration_cost"],
+                     "from_iteration_cost": tokens / r["iteration_cost"],
+                     "theory": float(theory.walltime_improvement(alpha, r["K"], pair["c"], pair["v"][r["K"]]))})
     by_K = {K: float(theory.walltime_improvement(alpha, K, pair["c"], v)) for K, v in pair["v"].items()}
     return {"alpha": alpha, "rows": rows, "theory_by_K": by_K}
 

@@ -94,12 +94,14 @@ def first_token_seconds(draft: str, target: str, K: int, jit_cache: Path) -> flo
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", FIRST_TOKEN, draft, target, str(K)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = child.stdout.readline()
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []  # the child's log lines, until the first token (or its end)
+    while (line := child.stdout.readline()) and line.strip() != "first token":
+        lines.append(line)
     seconds = time.perf_counter() - t0
-    _, err = child.communicate()
-    if line.strip() != "first token":
-        raise RuntimeError(f"the start-up run failed: {err.strip().splitlines()[-1:]}")
+    child.communicate()
+    if not line:
+        raise RuntimeError(f"the start-up run failed: {''.join(lines).strip().splitlines()[-1:]}")
     return seconds
 
 
