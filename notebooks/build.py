@@ -43,8 +43,8 @@ distribution. Colours: accepted green, rejected red, resample yellow, bonus blue
         ("code", '''\
 PROMPT, K, TEMPERATURE, N_TOKENS, SEED = "And God said unto Moses", 4, 1.0, 40, 0
 
-from picospec.display import coloured_text, step_table
-from picospec.stream import trace_steps
+from picospec.tools.display import coloured_text, step_table
+from picospec.tools.stream import trace_steps
 
 prompt = tokenizer.encode(PROMPT).ids
 tokens, trace = picospec.speculative_sample(draft, target, prompt, N_TOKENS, jax.random.key(SEED),

@@ -6,7 +6,7 @@ from picospec.gpt2 import KVCache, Model, forward, init_cache, logits
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling, autoregressive_sample
 from picospec.speculative import Trace, speculative_sample
-from picospec.weights import load_model, load_tokenizer
+from picospec.tools.weights import load_model, load_tokenizer
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",

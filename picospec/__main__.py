@@ -1,5 +1,5 @@
 import sys
 
-from picospec.cli import main
+from picospec.tools.cli import main
 
 sys.exit(main())

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.config import GPT2Config
+from picospec.errors import PicospecError
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["params"], meta_fields=["config"])
@@ -176,5 +177,8 @@ def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp
 def logits(model: Model, tokens) -> jax.Array:
     """A full forward pass over `tokens` [T] from an empty cache -> float32 logits [T, V]. For checks."""
     tokens = jnp.asarray(tokens, jnp.int32)
+    if not 1 <= len(tokens) <= model.config.n_positions:  # past it there is no position embedding
+        raise PicospecError(f"logits takes 1 to {model.config.n_positions} tokens (the model's context), "
+                            f"got {len(tokens)}")
     cache = init_cache(model.config, len(tokens), model.params["wte"]["weight"].dtype)
     return forward(model.params, tokens, cache, model.config)[0]

@@ -7,6 +7,9 @@ a model's drafts: the proposal is a one-hot p, so a drafted token d is accepted 
 min(1, q(d) / 1) = q(d), and a rejection resamples from norm(max(0, q - onehot(d))) — still exactly q.
 At temperature 0 that is an exact match against the target's argmax. Text that quotes, repeats or edits
 its input is full of such matches, and a lookup costs next to nothing (c ≈ 0).
+
+When nothing matches there is nothing to verify: the iteration is one plain target step instead, so
+that a lookup that finds nothing costs no more than autoregressive decoding.
 """
 
 from dataclasses import dataclass
@@ -15,6 +18,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from picospec.errors import PicospecError
+from picospec.sampling import DecodeState, autoregressive_step
+from picospec.speculative import SpecState, record, verify
+
 
 @partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["max_n"])
 @dataclass(frozen=True)
@@ -22,6 +29,18 @@ class NGramDraft:
     """The draft that looks up n-grams in the sequence so far (no weights, no cache). Static under jit."""
 
     max_n: int = 3  # the longest tail tried; then max_n - 1, ..., 1
+
+    def __post_init__(self):
+        if not (isinstance(self.max_n, int) and self.max_n >= 1):
+            raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {self.max_n}")
+
+    def speculative_step(self, target, state: SpecState, K: int, sampling, eos_id: int, key_accept, key_extra):
+        """One iteration with this draft: Step 1 is a lookup with a one-hot p; Steps 2-5 as for a model."""
+        drafted, found = lookup(state.tokens, state.n, self.max_n, K)
+        p = jax.nn.one_hot(drafted, target.config.vocab_size)  # [K, V]
+        return jax.lax.cond(found,
+                            lambda: verify(target, state, drafted, p, key_accept, key_extra, sampling, eos_id),
+                            lambda: plain_target_step(target, state, key_extra, sampling, eos_id))
 
 
 def lookup(tokens, n, max_n: int, K: int):
@@ -45,3 +64,13 @@ def lookup(tokens, n, max_n: int, K: int):
     # What followed the occurrence starts at n - shift; beyond n it repeats with period `shift`.
     drafted = jnp.take(tokens, n - shift + jnp.arange(K) % shift)  # [K]
     return drafted, found
+
+
+def plain_target_step(target, state: SpecState, key, sampling, eos_id: int) -> SpecState:
+    """No proposal: one token from the target, exactly as autoregressive sampling takes it."""
+    decoded = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, key, state.done),
+                                  sampling, eos_id)
+    K = state.trace.drafted.shape[1]
+    extra, zeros = decoded.tokens[state.n], jnp.zeros(K)
+    trace = record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), extra, False, zeros, zeros, zeros, False)
+    return SpecState(decoded.tokens, decoded.n, state.draft_cache, decoded.cache, state.key, decoded.done, trace)

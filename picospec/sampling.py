@@ -5,6 +5,7 @@ n slots are the sequence so far, and caches holding positions [0, n - 1). The ne
 the cache yet: the next step feeds it, and the logits it returns are the next token's.
 """
 
+import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -26,6 +27,8 @@ class Sampling:
     top_p: float = 1.0  # then keep the fewest most likely tokens whose mass reaches top_p
 
     def __post_init__(self):
+        if isinstance(self.top_k, numbers.Integral) and not isinstance(self.top_k, bool):
+            object.__setattr__(self, "top_k", int(self.top_k))  # numpy integers too; a plain int hashes for jit
         if not self.temperature >= 0:
             raise PicospecError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):

@@ -21,6 +21,12 @@ One iteration (indices are 0-based here, where the papers count from 1):
      token from q[K]. Padding p with a zero row p[K] makes both the same draw;
   5. both caches roll back to the accepted length.
 The output then follows q exactly; at temperature 0 (one-hot p and q) it is the target's greedy output.
+
+Why, at one position: x comes out either as an accepted draft or from the residual after a rejection,
+  P(x) = p(x) min(1, q(x)/p(x)) + (1 - sum_y min(p(y), q(y))) * max(0, q(x) - p(x)) / sum_y max(0, q(y) - p(y))
+       = min(p(x), q(x)) + max(0, q(x) - p(x)) = q(x),
+because the rejection mass 1 - sum_y min(p, q) equals sum_y max(0, q - p) (p and q both sum to 1).
+theory.lenient_output_law computes the first line; notebook 4 draws it at a real position.
 """
 
 from functools import partial
@@ -31,9 +37,7 @@ import jax.numpy as jnp
 
 from picospec.errors import PicospecError
 from picospec.gpt2 import KVCache, Model, forward
-from picospec.ngram import NGramDraft, lookup
-from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
-                               logits_to_probs, prefill, sample)
+from picospec.sampling import Sampling, buffers, eos_to_stop_at, generated, logits_to_probs, prefill, sample
 
 
 class Trace(NamedTuple):
@@ -67,7 +71,8 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
     After a full accept the draft never saw the last accepted token, so its cache may lag one behind
     (length m = n - 2 instead of n - 1). The first call therefore feeds two tokens from position m:
     (x[n-2], x[n-1]) when lagging, else (x[n-1], a scratch slot that stays beyond the length).
-    Returns drafted int32 [K], p float32 [K, V], and the cache holding positions [0, n - 1 + K - 1).
+    Returns drafted int32 [K], p float32 [K, V], and the cache holding positions [0, n + K - 1): the
+    sequence and d_0..d_{K-2} (d_{K-1} is not fed).
     """
     keys, greedy = jax.random.split(key, K), sampling.temperature == 0
     m = cache.length
@@ -87,7 +92,15 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
     return jnp.concatenate([drafted, last[None]]), jnp.concatenate([p, p_last[None]]), cache
 
 
-def verify(key_accept, key_extra, drafted, p, q, greedy: bool = False):
+def score(target: Model, tokens, n, drafted, cache: KVCache, sampling: Sampling):
+    """Step 2: the target scores x[n-1], d_0, ..., d_{K-1} in ONE forward call; q[i] predicts the slot
+    of d_i and q[K] the slot after them. Returns q float32 [K+1, V] and the target's cache."""
+    block = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), drafted])  # [K+1]
+    logits, cache = forward(target.params, block, cache, target.config)  # [K+1, V]
+    return logits_to_probs(logits, sampling), cache
+
+
+def accept_or_resample(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     """Steps 3 and 4, the rejection sampler. drafted: int32 [K], d_i ~ p[i]; p: [K, V]; q: [K+1, V].
     greedy: temperature 0, so p and q are one-hot and the extra token is an argmax.
 
@@ -112,38 +125,27 @@ def verify(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     return a, sample(key_extra, residual, greedy), p_x, q_x, u
 
 
-def speculative_step(draft: Model | NGramDraft, target: Model, state: SpecState, K: int,
-                     sampling: Sampling, eos_id: int) -> SpecState:
+def speculative_step(draft: Model, target: Model, state: SpecState, K: int, sampling: Sampling,
+                     eos_id: int) -> SpecState:
     """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens."""
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
+    state = state._replace(key=key)
+    if not isinstance(draft, Model):  # the n-gram draft: a lookup, with its own no-match fallback (ngram.py)
+        return draft.speculative_step(target, state, K, sampling, eos_id, key_accept, key_extra)
 
     # Step 1: the draft proposes d_0..d_{K-1}, sampled from its standardized p.
-    if isinstance(draft, NGramDraft):  # a lookup: p is one-hot on what it proposes (see ngram.py)
-        drafted, found = lookup(state.tokens, state.n, draft.max_n, K)
-        p, draft_cache = jax.nn.one_hot(drafted, target.config.vocab_size), None
-    else:
-        drafted, p, draft_cache = propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
-    state = state._replace(key=key, draft_cache=draft_cache)
-
-    def verify_and_extend():  # Steps 2 to 5
-        return _verify_and_extend(target, state, drafted, p, key_accept, key_extra, sampling, eos_id)
-
-    if isinstance(draft, NGramDraft):  # nothing matched: one plain target step instead
-        return jax.lax.cond(found, verify_and_extend,
-                            lambda: _plain_target_step(target, state, key_extra, sampling, eos_id))
-    return verify_and_extend()
+    drafted, p, draft_cache = propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
+    return verify(target, state._replace(draft_cache=draft_cache), drafted, p, key_accept, key_extra, sampling,
+                  eos_id)
 
 
-def _verify_and_extend(target, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id):
+def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id) -> SpecState:
+    """Steps 2 to 5 for drafts d_0..d_{K-1} (int32 [K]) drawn from p (float32 [K, V])."""
     K, n = drafted.shape[0], state.n
-
-    # Step 2: the target scores x[n-1], d_0, ..., d_{K-1} in one call: q[i] predicts the slot of d_i.
-    block = jnp.concatenate([jax.lax.dynamic_slice(state.tokens, (n - 1,), (1,)), drafted])  # [K+1]
-    logits, target_cache = forward(target.params, block, state.target_cache, target.config)
-    q = logits_to_probs(logits, sampling)  # [K+1, V]
+    q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)  # Step 2
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
-    a, extra, p_x, q_x, u = verify(key_accept, key_extra, drafted, p, q, sampling.temperature == 0)
+    a, extra, p_x, q_x, u = accept_or_resample(key_accept, key_extra, drafted, p, q, sampling.temperature == 0)
 
     # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back to n_new - 1.
     new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch
@@ -154,21 +156,11 @@ def _verify_and_extend(target, state: SpecState, drafted, p, key_accept, key_ext
     if draft_cache is not None:
         draft_cache = draft_cache._replace(length=jnp.minimum(draft_cache.length, n_new - 1))
     done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
-    trace = _record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, True)
+    trace = record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, True)
     return SpecState(tokens, n_new, draft_cache, target_cache, state.key, done, trace)
 
 
-def _plain_target_step(target, state: SpecState, key, sampling, eos_id) -> SpecState:
-    """No proposal: one token from the target, exactly as autoregressive sampling takes it."""
-    decoded = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, key, state.done),
-                                  sampling, eos_id)
-    K = state.trace.drafted.shape[1]
-    extra, zeros = decoded.tokens[state.n], jnp.zeros(K)
-    trace = _record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), extra, False, zeros, zeros, zeros, False)
-    return SpecState(decoded.tokens, decoded.n, state.draft_cache, decoded.cache, state.key, decoded.done, trace)
-
-
-def _record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, proposed) -> Trace:
+def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, proposed) -> Trace:
     """The trace with this iteration written at row n_steps."""
     i = t.n_steps
     return Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
@@ -176,7 +168,7 @@ def _record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, proposed) -> Trace:
                  t.proposed.at[i].set(proposed), i + 1)
 
 
-def start(draft: Model | NGramDraft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int,
+def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int,
           ) -> SpecState:
     """The state before the first iteration: both caches prefilled with the prompt but its last token."""
     n_prompt = jnp.asarray(n_prompt, jnp.int32)
@@ -184,7 +176,8 @@ def start(draft: Model | NGramDraft, target: Model, tokens, n_prompt, key, K: in
     trace = Trace(jnp.zeros((R, K), jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
                   jnp.zeros(R, bool), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)),
                   jnp.zeros(R, bool), jnp.int32(0))
-    draft_cache = None if isinstance(draft, NGramDraft) else prefill(draft, tokens, n_prompt, prefill_len, max_len)
+    # A model draft keeps a cache like the target's; the n-gram draft has none.
+    draft_cache = prefill(draft, tokens, n_prompt, prefill_len, max_len) if isinstance(draft, Model) else None
     return SpecState(tokens, n_prompt, draft_cache, prefill(target, tokens, n_prompt, prefill_len, max_len),
                      key, jnp.array(False), trace)
 
@@ -199,13 +192,13 @@ def _speculative(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, pr
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
-def speculative_sample(draft: Model | NGramDraft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
+def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
                        temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
     Args:
-      draft, target: Models sharing a vocabulary; or draft=NGramDraft(max_n) to look up n-grams.
+      draft, target: Models sharing a vocabulary; or draft=ngram.NGramDraft(max_n) to look up n-grams.
       prompt_tokens: int [P], P >= 1.
       n_tokens: tokens to generate; P + n_tokens + K - 1 must fit in the target's n_positions.
       key: a jax.random key; the same key gives the same tokens.
@@ -224,13 +217,11 @@ def speculative_sample(draft: Model | NGramDraft, target: Model, prompt_tokens, 
                         prefill_len, max_len, eos_id)
 
 
-def check_pair(draft: Model | NGramDraft, target: Model, K: int):
-    """The draft must share the target's vocabulary and context; K >= 1."""
+def check_pair(draft, target: Model, K: int):
+    """A model draft must share the target's vocabulary and context; K >= 1."""
     if not (isinstance(K, int) and K >= 1):
         raise PicospecError(f"K must be a whole number >= 1, got {K}")
-    if isinstance(draft, NGramDraft):
-        if draft.max_n < 1:
-            raise PicospecError(f"the n-gram draft's max n must be >= 1, got {draft.max_n}")
+    if not isinstance(draft, Model):  # the n-gram draft checked itself when it was made
         return
     if draft.config.vocab_size != target.config.vocab_size:
         raise PicospecError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "

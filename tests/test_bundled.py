@@ -10,7 +10,7 @@ import pytest
 from conftest import random_model
 
 import picospec
-from picospec.train import loss_fn
+from picospec.tools.train import loss_fn
 
 WEIGHTS = Path(__file__).parent.parent / "weights"
 HELD_OUT = (WEIGHTS / "heldout_sample.txt").read_text().split("\n<|endoftext|>")

@@ -11,7 +11,7 @@ import pytest
 from conftest import DATA
 
 from picospec import cli
-from picospec.stream import Step
+from picospec.tools.stream import Step
 
 PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]
 
@@ -101,7 +101,7 @@ def bad_checkpoint(tmp_path, kind):
         weights.unlink()
         (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not unpickled")
     elif kind == "vocab":
-        from picospec.weights import load_tokenizer, save_checkpoint
+        from picospec.tools.weights import load_tokenizer, save_checkpoint
         from conftest import random_model
         save_checkpoint(random_model(vocab_size=301, n_positions=64), load_tokenizer(str(folder)), folder)
     return str(folder)
@@ -167,7 +167,7 @@ def test_ngram_draft_run_counts_only_proposing_steps(capsys):
 
 def test_ngram_max_below_one_is_refused(capsys):
     code, _, err = run_cli(capsys, "--draft", "ngram", "--ngram-max", "0", "--target", str(DATA / "tiny-hub"))
-    assert code == 2 and "max n must be >= 1" in err and err.count("\n") == 1
+    assert code == 2 and "max n must be a whole number >= 1" in err and err.count("\n") == 1
 
 
 def test_bundled_pair_offline_from_the_readme(capsys):

@@ -91,3 +91,10 @@ def test_bfloat16_model_stays_close_to_float32():
     assert b.dtype == jnp.float32
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
     assert np.abs(a - b).max() > 0  # it really ran in lower precision
+
+
+def test_logits_past_the_context_is_refused():
+    model = random_model(n_positions=8)
+    assert picospec.logits(model, list(range(8))).shape[0] == 8
+    with pytest.raises(picospec.PicospecError, match="logits takes 1 to 8 tokens .the model's context., got 9"):
+        picospec.logits(model, list(range(9)))

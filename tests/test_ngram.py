@@ -11,6 +11,8 @@ from test_speculative import N_SAMPLES, PROMPT, TARGET, V, target_law
 import picospec
 from picospec import NGramDraft, Sampling
 from picospec.ngram import lookup
+from picospec.tools.display import VERDICT_COLOURS, coloured_text, extra_kind, step_table
+from picospec.tools.stream import Step
 
 
 def propose(sequence, max_n=3, K=4):
@@ -72,3 +74,15 @@ def test_ngram_draft_keeps_the_target_joint_law(kw):
     sampling = Sampling(kw["temperature"], kw.get("top_k", 0))
     law = target_law(sampling, prompt=prompt)
     assert chi_square_p(np.asarray(out) @ np.array([V * V, V, 1]), law) > PASS
+
+
+def test_display_names_a_plain_target_step_target_not_resample():
+    class Letters:  # a stand-in tokenizer: token t is the letter chr(97 + t)
+        def decode(self, tokens):
+            return "".join(chr(97 + t) for t in tokens)
+    plain, resampled = Step([2], proposed=False), Step([1, 2], drafted=[1, 3], accepted=1, p=[.5, .5], q=[.5, .1],
+                                                       u=[.1, .9])
+    assert (extra_kind(plain), extra_kind(resampled)) == ("target", "resample")
+    assert ">target<" in step_table(plain, Letters(), 0) and "resample" not in step_table(plain, Letters(), 0)
+    text = coloured_text([plain], Letters())
+    assert VERDICT_COLOURS["target"] in text and VERDICT_COLOURS["resample"] not in text

@@ -104,3 +104,10 @@ def test_sample_draws_the_law_and_never_a_zero_probability_token():
     one_hot = jnp.eye(6)[4]
     assert int(sample(jax.random.key(0), one_hot, greedy=True)) == 4
     assert (jax.vmap(lambda k: sample(k, one_hot))(jax.random.split(jax.random.key(1), 500)) == 4).all()
+
+
+def test_numpy_integers_are_whole_numbers_for_top_k():
+    sampling = Sampling(1.0, np.int64(3))
+    assert sampling == Sampling(1.0, 3) and type(sampling.top_k) is int and hash(sampling) == hash(Sampling(1.0, 3))
+    with pytest.raises(PicospecError, match="top-k must be a whole number"):
+        Sampling(1.0, 2.5)

@@ -34,47 +34,47 @@ PAIRS = {
 }
 
 
-def one_step(verify, p, q):
-    """Draw d ~ p, run `verify` with K = 1, return the first emitted token: d if accepted, else the
-    resample. Its law must be q."""
+def one_step(accept_or_resample, p, q):
+    """Draw d ~ p, run `accept_or_resample` with K = 1, return the first emitted token: d if accepted,
+    else the resample. Its law must be q."""
     def emit(key):
         key_draft, key_accept, key_extra = jax.random.split(key, 3)
         d = sample(key_draft, jnp.asarray(p))
-        a, extra, *_ = verify(key_accept, key_extra, d[None], jnp.asarray(p)[None],
-                              jnp.stack([jnp.asarray(q), jnp.asarray(q)]))  # q[1] is the bonus row
+        a, extra, *_ = accept_or_resample(key_accept, key_extra, d[None], jnp.asarray(p)[None],
+                                          jnp.stack([jnp.asarray(q), jnp.asarray(q)]))  # q[1]: the bonus row
         return jnp.where(a == 1, d, extra)
     return jax.jit(jax.vmap(emit))(jax.random.split(jax.random.key(1), N_SAMPLES))
 
 
-RIGHT_VERIFY = speculative.verify
+RIGHT_SAMPLER = speculative.accept_or_resample
 
 
-def wrong_verify(key_accept, key_extra, drafted, p, q, greedy=False):
+def wrong_accept_or_resample(key_accept, key_extra, drafted, p, q, greedy=False):
     """A known-wrong sampler for the controls: it resamples from q instead of max(0, q - p)."""
-    a, _, *rest = RIGHT_VERIFY(key_accept, key_extra, drafted, p, q, greedy)
+    a, _, *rest = RIGHT_SAMPLER(key_accept, key_extra, drafted, p, q, greedy)
     return a, sample(key_extra, q[a], greedy), *rest
 
 
 @pytest.mark.parametrize("case", PAIRS)
 def test_rejection_step_output_law_is_the_target(case):
     p, q = PAIRS[case]
-    assert chi_square_p(one_step(speculative.verify, p, q), q) > PASS
+    assert chi_square_p(one_step(speculative.accept_or_resample, p, q), q) > PASS
 
 
 def test_rejection_step_control_wrong_residual_is_detected():
     p, q = PAIRS["random"]
-    assert chi_square_p(one_step(wrong_verify, p, q), q) < FAIL
+    assert chi_square_p(one_step(wrong_accept_or_resample, p, q), q) < FAIL
 
 
 def test_residual_never_produces_nan_when_p_equals_q():
     p = jnp.asarray(PAIRS["p equals q"][0])
     # Force a rejection (u >= q/p is impossible here, so pass a draft token with q = 0 < p instead).
     q = jnp.array([0.0, 0, 0, 0, 0, 1])
-    a, extra, *_ = speculative.verify(jax.random.key(0), jax.random.key(1), jnp.array([0]),
-                                      jnp.ones((1, V)) / V, jnp.stack([q, q]))
+    a, extra, *_ = speculative.accept_or_resample(jax.random.key(0), jax.random.key(1), jnp.array([0]),
+                                                  jnp.ones((1, V)) / V, jnp.stack([q, q]))
     assert int(a) == 0 and int(extra) == 5
-    a, extra, p_x, q_x, u = speculative.verify(jax.random.key(0), jax.random.key(1), jnp.array([3]),
-                                               p[None], jnp.stack([p, p]))
+    a, extra, p_x, q_x, u = speculative.accept_or_resample(jax.random.key(0), jax.random.key(1),
+                                                           jnp.array([3]), p[None], jnp.stack([p, p]))
     assert int(a) == 1 and np.isfinite([p_x, q_x, u]).all()
 
 
@@ -123,7 +123,7 @@ def test_whole_loop_controls_draft_law_and_wrong_residual_are_detected(monkeypat
     # Control 1: the draft's own law is not the target's, and the test can tell.
     assert chi_square_p(speculative_triples(K=2, temperature=1.0), target_law(Sampling(1.0), DRAFT)) < FAIL
     # Control 2: the loop with a wrong residual fails the same test.
-    monkeypatch.setattr(speculative, "verify", wrong_verify)
+    monkeypatch.setattr(speculative, "accept_or_resample", wrong_accept_or_resample)
     jax.clear_caches()
     try:
         assert chi_square_p(speculative_triples(K=2, temperature=1.0), law) < FAIL
@@ -178,6 +178,35 @@ def test_trace_adds_up_and_rebuilds_the_output():
     np.testing.assert_array_equal(rebuilt[:N], tokens)
     assert not np.asarray(trace.n_accepted[steps:]).any()  # unused rows stay empty
     assert 0 < a.sum() < K * steps
+
+
+def test_trace_probabilities_are_the_models_own():
+    """Every recorded p[i](d_i) and q[i](d_i) is the draft's and the target's standardized probability
+    of d_i after the prefix it was drafted at, recomputed here from scratch with no cache. A draft cache
+    off by one after a full accept would pass the law tests above (the target still corrects it) and
+    fails this."""
+    K, N, sampling = 3, 40, Sampling(0.9)
+    full = rejected = 0
+    for seed in range(3):
+        tokens, trace = picospec.speculative_sample(DRAFT, TARGET, PROMPT, N, jax.random.key(seed), K=K,
+                                                    temperature=0.9)
+        trace, sequence = jax.device_get(trace), list(PROMPT)
+        for i in range(int(trace.n_steps)):
+            drafted, a = [int(d) for d in trace.drafted[i]], int(trace.n_accepted[i])
+            # One causal pass over the sequence and all K drafts (padded to one length, so it compiles
+            # once): row n - 1 + j is the distribution after sequence + d_0..d_{j-1}.
+            padded = np.zeros(64, np.int32)
+            padded[:len(sequence) + K] = sequence + drafted
+            rows = len(sequence) - 1 + np.arange(K)
+            p = logits_to_probs(picospec.logits(DRAFT, padded)[rows], sampling)[np.arange(K), drafted]
+            q = logits_to_probs(picospec.logits(TARGET, padded)[rows], sampling)[np.arange(K), drafted]
+            # Every drafted token, the dropped ones too: each was sampled from its p[j].
+            np.testing.assert_allclose(trace.p[i], p, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(trace.q[i], q, rtol=1e-4, atol=1e-6)
+            sequence += drafted[:a] + [int(trace.extra[i])]
+            full, rejected = full + (a == K), rejected + (a < K)
+        np.testing.assert_array_equal(sequence[len(PROMPT):len(PROMPT) + N], tokens)
+    assert full >= 3 and rejected >= 3, "the runs must include full accepts and rejections"
 
 
 def test_same_key_same_output_and_jit_agrees():

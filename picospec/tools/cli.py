@@ -8,12 +8,13 @@ import sys
 import jax
 
 from picospec.errors import PicospecError
-from picospec.jit_cache import use_persistent_cache
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.speculative import check_pair
-from picospec.stream import Timing, stream_autoregressive, stream_speculative
-from picospec.weights import DTYPES, eos_token_id, load_model, load_tokenizer
+from picospec.tools.display import extra_kind
+from picospec.tools.jit_cache import use_persistent_cache
+from picospec.tools.stream import Timing, stream_autoregressive, stream_speculative
+from picospec.tools.weights import DTYPES, eos_token_id, load_model, load_tokenizer
 
 COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
 
@@ -78,8 +79,7 @@ def _show(out, tokenizer, tokens, step, mode, text):
     paint = (lambda s, kind: f"\033[{COLOURS[kind]}m{s}\033[0m") if colour else (lambda s, kind: s)
     pieces, seen = [], tokens[:]
     for i, token in enumerate(step.tokens):
-        kind = "accepted" if i < step.accepted else ("bonus" if step.bonus else "resample")
-        kind = kind if step.proposed else "target"  # the n-gram draft had nothing to propose
+        kind = "accepted" if i < step.accepted else extra_kind(step)
         if kind == "resample" and colour:  # show the draft's rejected guess, struck through
             rejected = tokenizer.decode(seen + [step.drafted[i]])[len(text):]
             pieces.append(paint(rejected, "rejected"))

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import Model
-from picospec.ngram import NGramDraft
 from picospec.sampling import DecodeState, Sampling, autoregressive_step, buffers, prefill
 from picospec.speculative import Trace, check_pair, speculative_step, start
 
@@ -46,7 +45,7 @@ def _compile(fn, *args, static=(), donate=(), **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def stream_speculative(draft: Model | NGramDraft, target: Model, prompt, n_tokens: int, key, *, K: int,
+def stream_speculative(draft, target: Model, prompt, n_tokens: int, key, *, K: int,
                        sampling: Sampling, eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
     """Yield one Step per iteration of speculative sampling (the same law as speculative_sample)."""
     timing = timing or Timing()

@@ -2,10 +2,16 @@
 
 import html
 
-from picospec.stream import Step
+from picospec.tools.stream import Step
 
 VERDICT_COLOURS = {"accepted": "#c8f7c5", "rejected": "#f7c5c5", "resample": "#fbe7a1",
-                   "bonus": "#b9d7f7", "dropped": "#eeeeee"}
+                   "bonus": "#b9d7f7", "dropped": "#eeeeee", "target": "#dddddd"}
+
+
+def extra_kind(step: Step) -> str:
+    """How the token after the accepted drafts came to be: the bonus, a resample, or (the n-gram draft
+    found nothing) a plain target step."""
+    return "bonus" if step.bonus else ("resample" if step.proposed else "target")
 
 
 def verdicts(step: Step) -> list[str]:
@@ -28,7 +34,7 @@ def step_table(step: Step, tokenizer, index: int) -> str:
         for name, value in [("p (draft)", p), ("q (target)", q), ("q/p", q / p), ("u", u)]:
             rows[name].append(cell(f"{value:.3f}" if verdict != "dropped" else "", verdict))
         rows["verdict"].append(cell(verdict, verdict))
-    extra = "bonus" if step.bonus else "resample"
+    extra = extra_kind(step)
     rows["token"].append(cell(show(step.tokens[-1]) if len(step.tokens) > step.accepted else "(cut)", extra))
     for name in ["p (draft)", "q (target)", "q/p", "u"]:
         rows[name].append(cell("", extra))
@@ -44,7 +50,7 @@ def coloured_text(steps: list[Step], tokenizer, prompt_text: str = "") -> str:
         for i, token in enumerate(step.tokens):
             tokens.append(token)
             new = tokenizer.decode(tokens)
-            kind = "accepted" if i < step.accepted else ("bonus" if step.bonus else "resample")
+            kind = "accepted" if i < step.accepted else extra_kind(step)
             pieces.append(f'<span style="background:{VERDICT_COLOURS[kind]}">{html.escape(new[len(text):])}</span>')
             text = new
     return f'<div style="font-family:monospace;white-space:pre-wrap">{"".join(pieces)}</div>'

@@ -29,7 +29,7 @@ HUB_REPOS = {
     "gpt2-large": "openai-community/gpt2-large", "774M": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl", "1558M": "openai-community/gpt2-xl",
 }
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "weights"  # holds tiny-draft, tiny-target
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "weights"  # holds tiny-draft, tiny-target
 BUNDLED = ("tiny-draft", "tiny-target")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FILE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16}
@@ -194,18 +194,19 @@ def _dotted(key_path) -> str:  # (DictKey('h'), SequenceKey(0), DictKey('ln_1'),
     return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
 
 
-def checkpoint_tensors(params: dict) -> dict:
-    """params -> {hub key name: float32 numpy array}, Conv1D weights back in the file's [in, out]."""
+def checkpoint_tensors(params: dict, dtype=np.float32) -> dict:
+    """params -> {hub key name: numpy array of dtype}, Conv1D weights back in the file's [in, out]."""
     flat = {}
     for key_path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name, x = _dotted(key_path), np.asarray(x, np.float32)
+        name, x = _dotted(key_path), np.asarray(x, np.float32).astype(dtype)
         flat[name] = np.ascontiguousarray(x.T if CONV1D.fullmatch(name) else x)
     return flat
 
 
-def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path):
-    """Write a Hugging Face GPT-2 folder (hub key names, float32) that picospec and transformers load."""
+def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path, dtype=np.float32):
+    """Write a Hugging Face GPT-2 folder (hub key names, tensors stored as dtype) that picospec and
+    transformers load."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_tensors(model.params), folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(checkpoint_tensors(model.params, dtype), folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(model.config.to_json(), indent=2) + "\n")
     tokenizer.save(str(folder / "tokenizer.json"))

@@ -76,10 +76,10 @@ def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
 
 FIRST_TOKEN = """
 import sys, jax
-from picospec.jit_cache import use_persistent_cache
 from picospec.sampling import Sampling
-from picospec.stream import stream_speculative
-from picospec.weights import load_model
+from picospec.tools.jit_cache import use_persistent_cache
+from picospec.tools.stream import stream_speculative
+from picospec.tools.weights import load_model
 use_persistent_cache()
 draft, target, K = load_model(sys.argv[1]), load_model(sys.argv[2]), int(sys.argv[3])
 next(stream_speculative(draft, target, [1, 2, 3], 16, jax.random.key(0), K=K, sampling=Sampling(0.0)))

@@ -1,0 +1,280 @@
+"""`python -m picospec.bench`: picospec against what a user would pick instead, in one run.
+
+Measures, on one machine and in one process (warm-up and compile time excluded, reported apart):
+  a. greedy decode ms/token, picospec and transformers (PyTorch, use_cache=True, same threads);
+  b. the fraction of the memory roofline: bytes read per decode step / (step time x bandwidth);
+  c. v(K), the target's time for K+1 tokens over its time for 1, and c, draft step over target step;
+  d. speculative against autoregressive, on the bundled pair and the GPT-2 pair, beside theory's
+     prediction from the measured alpha, c and v(K), and transformers' assisted generation;
+  e. for real GPT-2 124M -> 1558M, the speedup to expect here: the acceptance rate that jaymody's
+     published run implies, with this machine's measured costs;
+  f. start-up: a fresh process's wall time to its first token, cold and with the compilation cache.
+GPT-2 124M and 1558M are used when they are in the Hugging Face cache; otherwise checkpoints of the
+same shapes with random weights, written once with transformers (alpha is then meaningless).
+Writes a Markdown table to stdout and everything to a JSON file.
+"""
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+
+import jax
+import numpy as np
+from huggingface_hub import try_to_load_from_cache
+
+from picospec import theory
+from picospec.gpt2 import Model
+from picospec.ngram import NGramDraft
+from picospec.sampling import autoregressive_sample
+from picospec.speculative import speculative_sample
+from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
+from picospec.tools.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
+
+SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
+GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
+RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
+# jaymody/speculative-sampling's published run: GPT-2 124M drafting for 1558M, K = 4, greedy, 40 tokens,
+# 60.64 s autoregressive against 27.15 s speculative (2.23x), in NumPy without a KV cache. Without a
+# cache a call costs in proportion to the parameters and hardly more for K + 1 tokens than for one, so
+# c is the parameter ratio and v = 1; theory then says a drafted token was accepted with JAYMODY_ALPHA.
+JAYMODY = dict(speedup=60.64 / 27.15, K=4, c=124_439_808 / 1_557_611_200, v=1.0)
+JAYMODY_ALPHA = theory.alpha_from_speedup(**JAYMODY)  # 0.732
+
+
+def resolve(name: str) -> tuple[str, bool]:
+    """(name or folder, is_real): the real checkpoint if cached, else a random one of its shape."""
+    if name not in SHAPES:
+        return name, True
+    if isinstance(try_to_load_from_cache(HUB_REPOS[name], "model.safetensors"), str):  # cache only
+        return name, True
+    folder = RANDOM_DIR / f"random-{name}"
+    if not (folder / "model.safetensors").exists():
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
+    return str(folder), False
+
+
+def picospec_decode(model: Model, prompt, m: int):
+    """A greedy decode of m tokens."""
+    key = jax.random.key(0)
+    return lambda: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()
+
+
+def transformers_decode(folder: str, prompt, dtype: str, m: int):
+    """The same with transformers' generate (use_cache=True); None if it is not installed."""
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
+    ids = torch.tensor([prompt])
+
+    def run():
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
+                           pad_token_id=0)
+    return run
+
+
+def step_bytes(model: Model, cache_len: int) -> int:
+    """Bytes a decode step reads: every weight once, plus the whole K and V cache buffers."""
+    weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+    itemsize = model.params["wte"]["weight"].dtype.itemsize
+    return weights + 2 * model.config.n_layer * cache_len * model.config.n_embd * itemsize
+
+
+def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n=64) -> dict:
+    """Greedy speculative and autoregressive sampling of n tokens, timed, with alpha from the trace."""
+    key = jax.random.key(0)
+    t, _ = race(ar=lambda: autoregressive_sample(target, prompt, n, key, temperature=0).block_until_ready(),
+                spec=lambda: speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[0].block_until_ready())
+    trace = speculative_sample(draft, target, prompt, n, key, K=K, temperature=0)[1]
+    a = np.asarray(trace.n_accepted[:int(trace.n_steps)])
+    proposed = np.asarray(trace.proposed[:int(trace.n_steps)])  # False: an n-gram step with no guess
+    # An iteration's cost in autoregressive steps, whatever alpha: K draft calls, a K+1-token call, the rest.
+    iteration_cost = (t["spec"] / len(a)) / (t["ar"] / n)
+    return {"K": K, "alpha": theory.alpha_from_trace(a[proposed], K), "tokens_per_call": n / len(a),
+            "ar_seconds": t["ar"], "spec_seconds": t["spec"], "speedup": t["ar"] / t["spec"],
+            "iteration_cost": iteration_cost}
+
+
+def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
+    """transformers' assisted generation (greedy, a constant K drafts): its speedup over its own
+    plain generate; None without transformers."""
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval()
+    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval()
+    ids = torch.tensor([prompt])
+    common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
+                  assistant_confidence_threshold=0.0)
+    with torch.no_grad():
+        t, _ = race(plain=lambda: target.generate(ids, **common),
+                    assisted=lambda: target.generate(ids, **common, **assist))
+    return {"plain_seconds": t["plain"], "assisted_seconds": t["assisted"], "speedup": t["plain"] / t["assisted"]}
+
+
+def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers, dtype) -> dict:
+    """A draft and a target; draft "ngram" is the n-gram lookup, run on an input-grounded prompt."""
+    target = load_model(target_name, dtype)
+    if draft_name == "ngram":
+        draft, with_transformers = NGramDraft(3), False  # transformers' prompt lookup is not compared
+        prompt = load_tokenizer(target_name).encode(GROUNDED).ids
+    else:
+        draft = load_model(draft_name, dtype)
+    calls = {f"target T={K + 1}": (target, K + 1) for K in sorted({0} | set(Ks) | set(vKs))}
+    if draft_name != "ngram":
+        calls["draft T=1"] = (draft, 1)
+    t = forward_times(calls)
+    c = t["draft T=1"] / t["target T=1"] if draft_name != "ngram" else 0.0
+    v = {K: t[f"target T={K + 1}"] / t["target T=1"] for K in sorted(set(Ks) | set(vKs))}
+    rows = []
+    for K in Ks:
+        row = speculative_vs_autoregressive(draft, target, prompt, K, n)
+        row["predicted_speedup"] = float(theory.walltime_improvement(row["alpha"], K, c, v[K]))
+        if with_transformers and dtype == "float32":  # assisted generation is compared in float32
+            folders = [str(checkpoint_file(m, "config.json").parent) for m in (draft_name, target_name)]
+            row["transformers_assisted"] = transformers_assisted(*folders, prompt, K, n)
+        rows.append(row)
+    report = {"pair": name, "draft": draft_name, "target": target_name, "dtype": dtype, "c": c, "v": v, "rows": rows}
+    if name == "gpt2:gpt2-xl":
+        report["real_gpt2_prediction"] = real_gpt2_prediction(report)
+    return report
+
+
+def real_gpt2_prediction(pair: dict) -> dict:
+    """What GPT-2 124M -> 1558M with its real weights should gain on this machine: the alpha that
+    jaymody's published run implies, with the c, v(K) and iteration cost measured here (speed does not
+    depend on the weights' values, so random-weight checkpoints of the same shapes measure it)."""
+    alpha, rows = JAYMODY_ALPHA, []
+    for r in pair["rows"]:
+        tokens = float(theory.expected_tokens_per_call(alpha, r["K"]))
+        rows.append({"K": r["K"], "tokens_per_call": tokens, "iteration_cost": r["iteration_cost"],
+                     "from_iteration_cost": tokens / r["iteration_cost"],
+                     "theory": float(theory.walltime_improvement(alpha, r["K"], pair["c"], pair["v"][r["K"]]))})
+    by_K = {K: float(theory.walltime_improvement(alpha, K, pair["c"], v)) for K, v in pair["v"].items()}
+    return {"alpha": alpha, "rows": rows, "theory_by_K": by_K}
+
+
+def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dict:
+    """Greedy decode of one model in one dtype, picospec and transformers, beside the roofline, all
+    raced in one loop. A decode step is the time for n + 8 tokens less the time for 8, over n, so
+    prefill and fixed costs cancel."""
+    folder, real = resolve(name)
+    model = load_model(folder, dtype)
+    runs = dict(long=picospec_decode(model, prompt, n + 8), short=picospec_decode(model, prompt, 8),
+                stream=stream_1GiB())
+    hf_folder = str(checkpoint_file(folder, "config.json").parent)
+    if with_transformers and (hf_long := transformers_decode(hf_folder, prompt, dtype, n + 8)):
+        runs |= dict(hf_long=hf_long, hf_short=transformers_decode(hf_folder, prompt, dtype, 8))
+    t, warmup = race(**runs)
+    s_pico = (t["long"] - t["short"]) / n
+    s_hf = (t["hf_long"] - t["hf_short"]) / n if "hf_long" in t else None
+    bw = (1 << 30) / t["stream"]  # bytes/s: the 1 GiB matrix read once
+    cache_len = 64  # what autoregressive_sample allocates for these runs: the power of two >= 8+8+32
+    roofline = step_bytes(model, cache_len) / bw
+    return {"model": name, "dtype": dtype, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
+            "picospec_compile_seconds": warmup["long"] - t["long"],
+            "transformers_ms_per_token": None if s_hf is None else 1e3 * s_hf,
+            "vs_transformers": None if s_hf is None else s_hf / s_pico,
+            "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), with AVX-512 noted: figures differ between machines."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    return f"{name or 'unknown CPU'}{', AVX-512' if 'avx512f' in flags else ''}{' with bf16' if 'avx512_bf16' in flags else ''}"
+
+
+def markdown(report: dict) -> str:
+    f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
+    times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
+    lines = [f"Machine: {report['machine']}", "",
+             "| model | dtype | weights | picospec ms/token | transformers ms/token | picospec speedup | "
+             "weights-stream ms | roofline fraction | picospec compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in report["decode"]:
+        lines.append(f"| {d['model']} | {d['dtype']} | {'real' if d['real_weights'] else 'random'} | "
+                     f"{f(d['picospec_ms_per_token'])} | {f(d['transformers_ms_per_token'])} | "
+                     f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
+                     f"{f(d['picospec_compile_seconds'], '.1f')} |")
+    for p in report["pairs"]:
+        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
+                  + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
+                  "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
+                  "|---|---|---|---|---|---|"]
+        for r in p["rows"]:
+            hf = r.get("transformers_assisted")
+            lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
+                         f"{r['predicted_speedup']:.2f}x | {times(hf and hf['speedup'])} |")
+        if real := p.get("real_gpt2_prediction"):
+            lines += ["", f"Real GPT-2 124M -> 1558M, predicted ({p['dtype']}): alpha = {real['alpha']:.3f}, implied by "
+                      "jaymody's published 2.23x at K = 4; theory for K = 1..8: "
+                      + ", ".join(f"{K}: {s:.2f}x" for K, s in real["theory_by_K"].items()), "",
+                      "| K | tokens/call | iteration cost (AR steps, measured) | predicted speedup (measured cost) | "
+                      "theory (c, v(K)) |", "|---|---|---|---|---|"]
+            lines += [f"| {r['K']} | {r['tokens_per_call']:.2f} | {r['iteration_cost']:.2f} | "
+                      f"{r['from_iteration_cost']:.2f}x | {r['theory']:.2f}x |" for r in real["rows"]]
+    if report.get("startup"):
+        lines += ["", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
+        lines += [f"| {s['pair']} | {s['cold_seconds']:.2f} | {s['warm_seconds']:.2f} |" for s in report["startup"]]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m picospec.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--decode", default="gpt2,gpt2-xl", help="models for decode ms/token (comma list)")
+    parser.add_argument("--pairs", default="tiny-draft:tiny-target,ngram:tiny-target,gpt2:gpt2-xl",
+                        help="DRAFT:TARGET pairs; DRAFT ngram is the n-gram lookup on an input-grounded prompt")
+    parser.add_argument("--K", default="2,3,4", help="K values for the speculative rows")
+    parser.add_argument("--v-K", default="1,2,3,4,5,6,7,8", help="K values for v(K)")
+    parser.add_argument("--n-tokens", type=int, default=48)
+    parser.add_argument("--dtype", default="float32",
+                        help="comma list of float32, bfloat16: picospec's and transformers' weights")
+    parser.add_argument("--startup", default="tiny-draft:tiny-target,gpt2:gpt2-xl",
+                        help="DRAFT:TARGET pairs timed from a fresh process to the first token, cold and warm")
+    parser.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
+    parser.add_argument("--out", type=Path, default=Path("bench.json"))
+    args = parser.parse_args(argv)
+    with_hf = not args.no_transformers
+    prompt = list(range(100, 108))  # 8 token ids valid in every vocabulary here
+    report = {"machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+                         f"jax {jax.__version__} on {jax.devices()[0].platform}", "decode": [], "pairs": []}
+    dtypes = args.dtype.split(",")
+    if unknown := set(dtypes) - {"float32", "bfloat16"}:
+        parser.error(f"unknown dtype {unknown.pop()!r}; use float32 and/or bfloat16")
+    for name in filter(None, args.decode.split(",")):
+        for dtype in dtypes:
+            report["decode"].append(decode_report(name, prompt, with_hf, dtype))
+            print(f"decode {name} {dtype}: {json.dumps(report['decode'][-1])}", flush=True)
+    Ks, vKs = [int(k) for k in args.K.split(",")], [int(k) for k in args.v_K.split(",")]
+    for pair in filter(None, args.pairs.split(",")):
+        draft, target = (resolve(m)[0] if m != "ngram" else m for m in pair.split(":"))
+        for dtype in dtypes:
+            p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf, dtype)
+            report["pairs"].append(p)
+            print(f"pair {pair} {dtype}: {json.dumps(p)}", flush=True)
+    report["startup"] = []
+    for pair in filter(None, args.startup.split(",")):
+        draft, target = (resolve(m)[0] for m in pair.split(":"))
+        report["startup"].append({"pair": pair, **startup_times(draft, target)})
+        print(f"startup {pair}: {json.dumps(report['startup'][-1])}", flush=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

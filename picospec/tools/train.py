@@ -1,0 +1,197 @@
+"""Train the bundled pair on the King James Bible: tiny-target, and a tiny-draft two ways.
+
+    apt-get install bible-kjv          # the corpus: public-domain English, 4.4 MB
+    pip install -e ".[train]"          # optax
+    python -m picospec.train --out weights
+
+Steps: train a byte-level BPE tokenizer; train the target; train one draft on the text and another by
+distillation (cross-entropy against the target's distribution); measure held-out perplexity and the
+pair's acceptance rate for both drafts; save the target and the better draft as Hugging Face GPT-2
+checkpoints, with a report. The same --seed gives the same models.
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from picospec.config import GPT2Config
+from picospec.gpt2 import Model, init_cache, init_params, lm_head, transformer
+from picospec.speculative import speculative_sample
+from picospec.tools.weights import save_checkpoint
+
+VOCAB, CONTEXT = 2048, 256
+# The target is large enough that its weights (46 MB in float32) do not fit in the CPU's cache, so a
+# call costs what streaming them costs and scoring K + 1 tokens costs about one call: the regime of
+# real GPT-2, where speculative decoding pays. The draft is 1/20 of its per-token cost.
+TARGET = GPT2Config(n_layer=6, n_head=6, n_embd=384, n_positions=CONTEXT, vocab_size=VOCAB, eos_token_id=0)
+DRAFT = GPT2Config(n_layer=2, n_head=4, n_embd=128, n_positions=CONTEXT, vocab_size=VOCAB, eos_token_id=0)
+STORED = np.float16  # the bundled files hold float16 (half the bytes in git); picospec loads float32
+
+
+def as_stored(model: Model) -> Model:
+    """The model exactly as its float16 file will hold it: every later figure is of the shipped weights."""
+    rounded = jax.tree_util.tree_map(lambda x: x.astype(STORED).astype(jnp.float32), model.params)
+    return Model(model.config, rounded)
+
+
+def corpus() -> tuple[str, str]:
+    """The KJV text, one verse a line, split by chapter: every 20th chapter is held out."""
+    try:
+        raw = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit("picospec.train: the corpus needs Debian's bible-kjv (apt-get install bible-kjv)")
+    chapters = {}
+    for line in raw.splitlines():
+        if m := re.match(r"(\w+?\d*:)(\d+) (.*)", line):  # "Ge1:1 In the beginning ..."
+            chapters.setdefault(m[1], []).append(m[3])
+    texts = ["\n".join(verses) for verses in chapters.values()]
+    train = [t for i, t in enumerate(texts) if i % 20]
+    held_out = [t for i, t in enumerate(texts) if i % 20 == 0]
+    return "\n<|endoftext|>".join(train), "\n<|endoftext|>".join(held_out)
+
+
+def train_tokenizer(text: str) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(text.split("\n"), trainer)
+    return tokenizer
+
+
+def batches(tokens: np.ndarray, batch: int, rng: np.random.Generator):
+    """Endless random windows of CONTEXT + 1 tokens: [batch, CONTEXT + 1]."""
+    while True:
+        starts = rng.integers(0, len(tokens) - CONTEXT - 1, batch)
+        yield np.stack([tokens[s:s + CONTEXT + 1] for s in starts])
+
+
+def batch_logits(params, config, x):  # [B, T] -> [B, T, V], picospec's own forward pass
+    def one(tokens):
+        h, _ = transformer(params, tokens, init_cache(config, tokens.shape[0]), config)
+        return lm_head(params, h)
+    return jax.vmap(one)(x)
+
+
+def loss_fn(params, config, x, y_probs=None):
+    """Cross-entropy of the next token: against the text, or against a teacher's distribution."""
+    logprobs = jax.nn.log_softmax(batch_logits(params, config, x[:, :-1]))  # [B, T, V]
+    if y_probs is None:
+        return -jnp.take_along_axis(logprobs, x[:, 1:, None], axis=-1).mean()
+    return -(y_probs * logprobs).sum(-1).mean()
+
+
+def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=32, log=print):
+    params = init_params(config, jax.random.key(seed))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 20, 1), steps, lr / 10)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, x):
+        soft = None
+        if teacher is not None:  # distillation: the target's next-token distribution
+            soft = jax.nn.softmax(batch_logits(teacher.params, teacher.config, x[:, :-1]))
+        loss, grads = jax.value_and_grad(loss_fn)(params, config, x, soft)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    data, t0 = batches(tokens, batch, np.random.default_rng(seed)), time.time()
+    for i in range(steps):
+        params, opt_state, loss = step(params, opt_state, jnp.asarray(next(data)))
+        if i % 50 == 0 or i == steps - 1:
+            log(f"  step {i:5d}/{steps}  loss {float(loss):.3f}  {time.time() - t0:6.0f}s")
+    return Model(config, params)
+
+
+def perplexity(model: Model, tokens: np.ndarray) -> float:
+    """exp(mean held-out cross-entropy) over consecutive windows."""
+    n = (len(tokens) - 1) // CONTEXT
+    windows = np.stack([tokens[i * CONTEXT:(i + 1) * CONTEXT + 1] for i in range(n)])
+    loss = jax.jit(lambda p, x: loss_fn(p, model.config, x), static_argnums=())
+    losses = [float(loss(model.params, jnp.asarray(windows[i:i + 16]))) for i in range(0, n, 16)]
+    sizes = [len(windows[i:i + 16]) for i in range(0, n, 16)]
+    return float(np.exp(np.average(losses, weights=sizes)))
+
+
+def acceptance_rate(draft, target, prompts, temperature, K=4, n_tokens=64, seed=0) -> float:
+    """Accepted draft tokens / drafted tokens, over speculative runs on held-out prompts."""
+    accepted = drafted = 0
+    for i, prompt in enumerate(prompts):
+        _, trace = speculative_sample(draft, target, prompt, n_tokens, jax.random.key(seed + i), K=K,
+                                      temperature=temperature)
+        accepted += int(trace.n_accepted.sum())
+        drafted += K * int(trace.n_steps)
+    return accepted / drafted
+
+
+def write_heldout_sample(held_text: str, path: Path, n_chapters=8):
+    """A few held-out chapters, kept beside the weights so tests can measure the pair on unseen text."""
+    path.write_text("\n<|endoftext|>".join(held_text.split("\n<|endoftext|>")[1:1 + n_chapters]) + "\n")
+
+
+def n_params(model: Model) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m picospec.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("weights"), help="where tiny-draft/ and tiny-target/ go")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target-steps", type=int, default=450)
+    parser.add_argument("--draft-steps", type=int, default=400)
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    log = lambda msg: print(f"[{time.time() - t0:6.0f}s] {msg}", flush=True)  # noqa: E731
+
+    train_text, held_text = corpus()
+    tokenizer = train_tokenizer(train_text)
+    train_tokens = np.array(tokenizer.encode(train_text).ids, np.int32)
+    held_tokens = np.array(tokenizer.encode(held_text).ids, np.int32)
+    log(f"corpus: {len(train_tokens):,} training tokens, {len(held_tokens):,} held out")
+
+    log("training the target")
+    target = as_stored(train(TARGET, train_tokens, args.target_steps, args.seed, 1.5e-3, log=log))
+    log("training a draft on the text")
+    draft_text = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, 3e-3, log=log))
+    log("training a draft by distillation from the target")
+    draft_distilled = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, 3e-3,
+                                      teacher=target, log=log))
+
+    rng = np.random.default_rng(args.seed)
+    prompts = [held_tokens[s:s + 32] for s in rng.integers(0, len(held_tokens) - 32, 20)]
+    report = {"seed": args.seed, "corpus": "King James Bible (Debian bible-kjv), every 20th chapter held out",
+              "training_tokens": len(train_tokens), "held_out_tokens": len(held_tokens), "models": {}}
+    for name, model in [("target", target), ("draft (text)", draft_text), ("draft (distilled)", draft_distilled)]:
+        entry = {"params": n_params(model), "config": model.config.to_json(),
+                 "held_out_perplexity": perplexity(model, held_tokens)}
+        if model is not target:
+            for temperature in (0.0, 1.0):
+                entry[f"acceptance_T{temperature:g}_K4"] = acceptance_rate(model, target, prompts, temperature)
+        report["models"][name] = entry
+        log(f"{name}: {json.dumps({k: v for k, v in entry.items() if k != 'config'})}")
+
+    score = lambda name: sum(report["models"][name][f"acceptance_T{t}_K4"] for t in ("0", "1"))  # noqa: E731
+    kept = max(["draft (text)", "draft (distilled)"], key=score)
+    report["kept_draft"] = kept
+    report["train_seconds"] = round(time.time() - t0)
+    save_checkpoint(target, tokenizer, args.out / "tiny-target", STORED)
+    save_checkpoint(draft_distilled if kept == "draft (distilled)" else draft_text, tokenizer,
+                    args.out / "tiny-draft", STORED)
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_heldout_sample(held_text, args.out / "heldout_sample.txt")
+    log(f"kept {kept}; wrote {args.out}/tiny-target, {args.out}/tiny-draft, {args.out}/training_report.json")
+
+
+if __name__ == "__main__":
+    main()
