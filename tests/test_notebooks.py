@@ -24,3 +24,12 @@ def test_notebook_executes(path):
     assert not errors
     assert any(o.output_type in ("stream", "display_data", "execute_result")
                for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_outputs_carry_no_warning_and_no_error(path):
+    outputs = [o for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code" for o in c.outputs]
+    assert outputs, "notebooks are committed with their outputs"
+    assert not [o for o in outputs if o.output_type == "error" or o.get("name") == "stderr"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "Warning" not in text and "Traceback" not in text

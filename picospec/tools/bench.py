@@ -29,6 +29,8 @@ from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
+from picospec.tools.reference import transformers_assisted, transformers_decode
+from picospec.tools.report import cpu_name, markdown
 from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
 from picospec.tools.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
 
@@ -64,23 +66,6 @@ def picospec_decode(model: Model, prompt, m: int):
     return lambda: autoregressive_sample(model, prompt, m, key, temperature=0).block_until_ready()
 
 
-def transformers_decode(folder: str, prompt, dtype: str, m: int):
-    """The same with transformers' generate (use_cache=True); None if it is not installed."""
-    try:
-        import torch
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
-    ids = torch.tensor([prompt])
-
-    def run():
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
-                           pad_token_id=0)
-    return run
-
-
 def step_bytes(model: Model, cache_len: int) -> int:
     """Bytes a decode step reads: every weight once, plus the whole K and V cache buffers."""
     weights = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
@@ -101,26 +86,6 @@ def speculative_vs_autoregressive(draft: Model, target: Model, prompt, K: int, n
     return {"K": K, "alpha": theory.alpha_from_trace(a[proposed], K), "tokens_per_call": n / len(a),
             "ar_seconds": t["ar"], "spec_seconds": t["spec"], "speedup": t["ar"] / t["spec"],
             "iteration_cost": iteration_cost}
-
-
-def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
-    """transformers' assisted generation (greedy, a constant K drafts): its speedup over its own
-    plain generate; None without transformers."""
-    try:
-        import torch
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        return None
-    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval()
-    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval()
-    ids = torch.tensor([prompt])
-    common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
-                  assistant_confidence_threshold=0.0)
-    with torch.no_grad():
-        t, _ = race(plain=lambda: target.generate(ids, **common),
-                    assisted=lambda: target.generate(ids, **common, **assist))
-    return {"plain_seconds": t["plain"], "assisted_seconds": t["assisted"], "speedup": t["plain"] / t["assisted"]}
 
 
 def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transformers, dtype) -> dict:
@@ -187,51 +152,6 @@ def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dic
             "transformers_ms_per_token": None if s_hf is None else 1e3 * s_hf,
             "vs_transformers": None if s_hf is None else s_hf / s_pico,
             "bandwidth_GBps": bw / 1e9, "weights_stream_ms": 1e3 * roofline, "roofline_fraction": roofline / s_pico}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), with AVX-512 noted: figures differ between machines."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
-    return f"{name or 'unknown CPU'}{', AVX-512' if 'avx512f' in flags else ''}{' with bf16' if 'avx512_bf16' in flags else ''}"
-
-
-def markdown(report: dict) -> str:
-    f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
-    times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
-    lines = [f"Machine: {report['machine']}", "",
-             "| model | dtype | weights | picospec ms/token | transformers ms/token | picospec speedup | "
-             "weights-stream ms | roofline fraction | picospec compile s |", "|---|---|---|---|---|---|---|---|---|"]
-    for d in report["decode"]:
-        lines.append(f"| {d['model']} | {d['dtype']} | {'real' if d['real_weights'] else 'random'} | "
-                     f"{f(d['picospec_ms_per_token'])} | {f(d['transformers_ms_per_token'])} | "
-                     f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
-                     f"{f(d['picospec_compile_seconds'], '.1f')} |")
-    for p in report["pairs"]:
-        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
-                  + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
-                  "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
-                  "|---|---|---|---|---|---|"]
-        for r in p["rows"]:
-            hf = r.get("transformers_assisted")
-            lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
-                         f"{r['predicted_speedup']:.2f}x | {times(hf and hf['speedup'])} |")
-        if real := p.get("real_gpt2_prediction"):
-            lines += ["", f"Real GPT-2 124M -> 1558M, predicted ({p['dtype']}): alpha = {real['alpha']:.3f}, implied by "
-                      "jaymody's published 2.23x at K = 4; theory for K = 1..8: "
-                      + ", ".join(f"{K}: {s:.2f}x" for K, s in real["theory_by_K"].items()), "",
-                      "| K | tokens/call | iteration cost (AR steps, measured) | predicted speedup (measured cost) | "
-                      "theory (c, v(K)) |", "|---|---|---|---|---|"]
-            lines += [f"| {r['K']} | {r['tokens_per_call']:.2f} | {r['iteration_cost']:.2f} | "
-                      f"{r['from_iteration_cost']:.2f}x | {r['theory']:.2f}x |" for r in real["rows"]]
-    if report.get("startup"):
-        lines += ["", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
-        lines += [f"| {s['pair']} | {s['cold_seconds']:.2f} | {s['warm_seconds']:.2f} |" for s in report["startup"]]
-    return "\n".join(lines)
 
 
 def main(argv=None):

@@ -28,13 +28,15 @@ def step_table(step: Step, tokenizer, index: int) -> str:
     def show(token):
         return html.escape(repr(tokenizer.decode([token]))[1:-1])
 
-    rows = {"token": [], "p (draft)": [], "q (target)": [], "q/p": [], "u": [], "verdict": []}
-    for d, p, q, u, verdict in zip(step.drafted, step.p, step.q, step.u, verdicts(step)):
+    rows = {"i": [], "token": [], "p (draft)": [], "q (target)": [], "q/p": [], "u": [], "verdict": []}
+    for i, (d, p, q, u, verdict) in enumerate(zip(step.drafted, step.p, step.q, step.u, verdicts(step))):
+        rows["i"].append(cell(f"d_{i}", verdict))  # 0-based, as in speculative.py
         rows["token"].append(cell(show(d), verdict))
         for name, value in [("p (draft)", p), ("q (target)", q), ("q/p", q / p), ("u", u)]:
-            rows[name].append(cell(f"{value:.3f}" if verdict != "dropped" else "", verdict))
+            rows[name].append(cell(f"{value:.3g}" if verdict != "dropped" else "", verdict))  # 3 significant figures
         rows["verdict"].append(cell(verdict, verdict))
     extra = extra_kind(step)
+    rows["i"].append(cell("extra", extra))
     rows["token"].append(cell(show(step.tokens[-1]) if len(step.tokens) > step.accepted else "(cut)", extra))
     for name in ["p (draft)", "q (target)", "q/p", "u"]:
         rows[name].append(cell("", extra))

@@ -1,0 +1,126 @@
+"""Notebook 2: acceptance over whole generations, against the capped geometric law; α exact and measured."""
+
+from common import NAMES, SETUP
+
+CELLS = [
+    ("md", """\
+# Accept and reject over a whole generation
+
+How many tokens does each target call yield, and does the simple model of Leviathan et al. explain it?
+Their model: each drafted token is accepted with the same probability α, independently, so the number
+accepted per iteration is a geometric variable capped at K, and E[tokens per call] = (1 − α^(K+1)) / (1 − α).
+
+""" + NAMES),
+    ("code", SETUP),
+    ("code", '''\
+from picospec import theory
+
+PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying",
+           "Blessed are the", "And it came to pass"]
+K, N_TOKENS, RUNS, LENGTH = 4, 112, 8, 128  # every prompt + N_TOKENS + K fits LENGTH slots: one compile
+
+def run_all(temperature):
+    """RUNS samples per prompt, vmapped over keys: a list of (prompt, generated tokens, accepted counts)."""
+    runs = []
+    for prompt_text in PROMPTS:
+        prompt = tokenizer.encode(prompt_text).ids
+        keys = jax.random.split(jax.random.key(1), RUNS)
+        tokens, traces = jax.vmap(lambda k: picospec.speculative_sample(
+            draft, target, prompt, N_TOKENS, k, K=K, temperature=temperature))(keys)
+        for r in range(RUNS):
+            runs.append((prompt, np.asarray(tokens[r]).tolist(), np.asarray(traces.n_accepted[r, :int(traces.n_steps[r])])))
+    return runs
+
+runs = run_all(1.0)
+a = np.concatenate([counts for _, _, counts in runs])
+alpha = theory.alpha_from_trace(a, K)
+print(f"{len(a)} iterations at temperature 1")
+print(f"acceptance rate (accepted / drafted): {a.sum() / (K * len(a)):.3f}")
+print(f"α (accepted / tested, the maximum-likelihood estimate): {alpha:.3f}")'''),
+    ("code", '''\
+import matplotlib.pyplot as plt
+
+reached, passed = np.zeros(K), np.zeros(K)
+for _, _, counts in runs:
+    reached += (np.arange(K)[None, :] <= counts[:, None]).sum(0)  # positions a decision was made at
+    passed += (np.arange(K)[None, :] < counts[:, None]).sum(0)  # ... and the draft accepted
+fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+axes[0].bar(np.arange(len(runs[0][2])), runs[0][2] + 1, color="tab:green")
+axes[0].set(title=f"one generation: tokens per iteration (K={K})", xlabel="iteration", ylabel="tokens added")
+lengths = np.bincount(a, minlength=K + 1) / len(a)
+axes[1].bar(np.arange(K + 1) - 0.2, lengths, 0.4, label="measured")
+axes[1].bar(np.arange(K + 1) + 0.2, theory.accepted_length_law(alpha, K), 0.4, label=f"capped geometric, α={alpha:.2f} (fit)")
+axes[1].set(title="drafts accepted per iteration", xlabel="accepted", ylabel="fraction"); axes[1].legend()
+axes[2].plot(np.arange(K), passed / reached, "o-")
+axes[2].axhline(alpha, ls="--", color="gray", label="overall α")
+axes[2].set(title="α by position in the draft block", xlabel="position i of d_i", ylabel="P(accept | tested)", ylim=(0, 1))
+axes[2].legend(); plt.tight_layout(); plt.show()'''),
+    ("md", """\
+The middle panel is a **fit**: α was estimated from these same counts, so the geometric law's mean
+agrees by construction; only its shape is a check. The right panel shows why the shape is off where it
+is: a later position is tested only after every earlier draft passed, so it is tested in easier
+contexts, and α is not one number for every position.
+
+## α exact and measured, on the same sequences
+
+This one is a **test**. For every sequence generated above, picospec.logits gives both models' full
+distributions at every position, so α can be computed exactly there: Σ_x min(p(x), q(x)). The
+measured α counts the uniform draws that accepted. Taken over the **same positions** — those where a
+draft was tested — the two are independent computations of one quantity, and must agree within
+sampling error (at temperature 0 they must agree exactly: both are 0/1 agreement of argmaxes).
+Positions that got a bonus token are never tested; the exact α over all positions includes them."""),
+    ("code", '''\
+from picospec.sampling import Sampling, logits_to_probs
+
+def exact_and_measured(temperature):
+    """(exact α over tested positions, measured α there, its standard error, exact α over all positions,
+    the number of tested positions, the number of all positions)."""
+    s, exact_tested, exact_all, accepted, tested = Sampling(temperature), [], [], 0, 0
+    for prompt, generated, counts in run_all(temperature):
+        sequence = np.zeros(LENGTH, np.int32)
+        sequence[:len(prompt) + N_TOKENS] = prompt + generated  # padding after it: the pass is causal
+        p = logits_to_probs(picospec.logits(draft, sequence), s)  # [LENGTH, V]: row t predicts token t + 1
+        q = logits_to_probs(picospec.logits(target, sequence), s)
+        overlap = np.minimum(np.asarray(p), np.asarray(q)).sum(-1)  # [LENGTH] Σ min(p, q) per position
+        n = len(prompt)  # the sequence length when each iteration starts
+        for a in counts:
+            for i in range(min(a + 1, K)):  # the tested drafts: the accepted ones and the first rejected
+                if n + i < len(prompt) + N_TOKENS:  # (the last iteration may run past the kept tokens)
+                    exact_tested.append(overlap[n + i - 1])
+                    accepted, tested = accepted + (i < a), tested + 1
+            n += a + 1
+        exact_all += list(overlap[len(prompt) - 1:len(prompt) + N_TOKENS - 1])
+    measured = accepted / tested
+    return (np.mean(exact_tested), measured, np.sqrt(measured * (1 - measured) / tested), np.mean(exact_all),
+            len(exact_tested), len(exact_all))
+
+temperatures = [0.0, 0.5, 1.0, 1.5]
+rows = [exact_and_measured(t) for t in temperatures]
+print(" T     exact α, tested positions   measured α ± 2 s.e.   exact α, all positions")
+for t, (exact, measured, se, all_positions, n_tested, n_all) in zip(temperatures, rows):
+    print(f"{t:4.2f}  {exact:.3f} ({n_tested} positions)  {measured:10.3f} ± {2 * se:.3f}   "
+          f"{all_positions:.3f} ({n_all} positions)")
+plt.figure(figsize=(5.5, 3.5))
+plt.errorbar(temperatures, [r[1] for r in rows], yerr=[2 * r[2] for r in rows], fmt="o-", capsize=3,
+             label="measured (uniform draws)")
+plt.plot(temperatures, [r[0] for r in rows], "s--", label="exact Σ min(p, q), same positions")
+plt.plot(temperatures, [r[3] for r in rows], "^:", label="exact, all positions")
+plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1); plt.legend(); plt.show()'''),
+    ("md", """\
+## Tokens per call: a prediction from the exact α
+
+The geometric law turns α into tokens per call. Fed the exact α (computed from the distributions, not
+from the accept counts) it is a prediction; the gap is what the equal-α assumption costs."""),
+    ("code", '''\
+for t, (exact, *_) in zip(temperatures, rows):
+    counts = np.concatenate([c for _, _, c in run_all(t)])
+    print(f"T={t:4.2f}  tokens per call: measured {np.mean(counts + 1):.2f}, "
+          f"predicted from the exact α {theory.expected_tokens_per_call(exact, K):.2f}")'''),
+    ("md", """\
+## Exercises
+
+1. Predict: with K = 8, does the measured α change? Does the acceptance rate (accepted / drafted)? Run it.
+2. The right panel above: at which temperature would you expect α to be most alike across positions?
+3. Make the draft worse (load `picospec.load_model("tiny-draft")` and scale its params by 0.5) and predict
+   α before you measure it."""),
+]

@@ -1,0 +1,160 @@
+"""Notebook 3: measured speedups against theory's prediction from α, c and v(K)."""
+
+from common import SETUP
+
+CELLS = [
+    ("md", """\
+# Speed: what α, c and v(K) predict, and what we measure
+
+Leviathan et al.'s walltime improvement, with the cost of verification written out:
+
+  speedup = (1 − α^(K+1)) / ((1 − α)(K·c + v(K)))
+
+where **c** is one draft call's time over one target call's, and **v(K)** is the target's time to score
+K + 1 tokens in one call over its time for one token. The numerator is the expected tokens per target
+call; the denominator is an iteration's cost in target calls.
+
+c and v(K) are measured with the benchmark's own method (`picospec.tools.timing.forward_times`): each
+is many forward calls inside one compiled loop, so no Python dispatch is counted, and all of them are
+raced in turn, so a slow spell on a shared machine hits them alike. α is measured once, pooled over
+several seeds at temperature 0.8, and used for every K: it is a property of the pair and the
+temperature, not of K. Every speedup marked *prediction* comes from these three numbers alone."""),
+    ("code", SETUP),
+    ("code", '''\
+from picospec import theory
+from picospec.tools.timing import forward_times, race
+
+t = forward_times({"draft": (draft, 1), **{f"target {K + 1}": (target, K + 1) for K in range(9)}})
+c = t["draft"] / t["target 1"]
+v = {K: t[f"target {K + 1}"] / t["target 1"] for K in range(1, 9)}
+print(f"one target call {t['target 1'] * 1e3:.2f} ms, one draft call {t['draft'] * 1e3:.3f} ms: c = {c:.3f}")
+print("v(K):", "  ".join(f"{K}: {x:.2f}" for K, x in v.items()))'''),
+    ("code", '''\
+TEMPERATURE, SEEDS, N_TOKENS = 0.8, 6, 128
+PROMPT = "And the LORD spake unto Moses, saying"
+prompt = tokenizer.encode(PROMPT).ids
+keys = [jax.random.key(seed) for seed in range(SEEDS)]
+
+def speculative(K):
+    return [picospec.speculative_sample(draft, target, prompt, N_TOKENS, k, K=K, temperature=TEMPERATURE) for k in keys]
+
+counts = np.concatenate([np.asarray(trace.n_accepted[:int(trace.n_steps)]) for _, trace in speculative(4)])
+alpha = theory.alpha_from_trace(counts, 4)
+print(f"α = {alpha:.3f}: pooled over {SEEDS} seeds, {len(counts)} iterations at K = 4, temperature {TEMPERATURE}")'''),
+    ("md", """\
+## Measured speedups, and the prediction
+
+Autoregressive sampling and speculative sampling at every K, each generating the same SEEDS × N_TOKENS
+tokens at temperature 0.8, raced in turn (the fastest of two rounds; the first call compiles)."""),
+    ("code", '''\
+def timed(fn):
+    return lambda: [jax.block_until_ready(fn(k)) for k in keys]
+
+contenders = {"autoregressive": timed(lambda k: picospec.autoregressive_sample(
+    target, prompt, N_TOKENS, k, temperature=TEMPERATURE))}
+for K in range(1, 9):
+    contenders[f"K={K}"] = timed(lambda k, K=K: picospec.speculative_sample(
+        draft, target, prompt, N_TOKENS, k, K=K, temperature=TEMPERATURE)[0])
+seconds, _ = race(rounds=2, **contenders)
+
+rows = []
+for K in range(1, 9):
+    calls = sum(int(trace.n_steps) for _, trace in speculative(K))
+    rows.append(dict(K=K, tokens_per_call=SEEDS * N_TOKENS / calls,
+                     tokens_per_call_predicted=float(theory.expected_tokens_per_call(alpha, K)),
+                     speedup=seconds["autoregressive"] / seconds[f"K={K}"],
+                     speedup_predicted=float(theory.walltime_improvement(alpha, K, c, v[K]))))
+print(" K   tokens/call: measured  prediction   speedup: measured  prediction  measured/prediction")
+for r in rows:
+    print(f"{r['K']:2d}  {r['tokens_per_call']:22.2f} {r['tokens_per_call_predicted']:11.2f}  "
+          f"{r['speedup']:17.2f}x {r['speedup_predicted']:10.2f}x {r['speedup'] / r['speedup_predicted']:12.2f}")
+worst = max(abs(r["speedup"] / r["speedup_predicted"] - 1) for r in rows)
+print(f"\\nautoregressive: {SEEDS * N_TOKENS / seconds['autoregressive']:.0f} tokens/s; "
+      f"the prediction is off by at most {worst:.0%} over K = 1..8")'''),
+    ("code", '''\
+import matplotlib.pyplot as plt
+
+Ks = [r["K"] for r in rows]
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+axes[0].plot(Ks, [r["tokens_per_call"] for r in rows], "o-", label="measured")
+axes[0].plot(Ks, [r["tokens_per_call_predicted"] for r in rows], "s--", label="prediction from α")
+axes[0].set(title="tokens per target call", xlabel="K"); axes[0].legend()
+axes[1].plot(Ks, [r["speedup"] for r in rows], "o-", label="measured")
+axes[1].plot(Ks, [r["speedup_predicted"] for r in rows], "s--", label="prediction from α, c, v(K)")
+axes[1].axhline(1, color="gray", lw=0.8)
+axes[1].set(title="walltime speedup over autoregressive", xlabel="K", ylim=(0, None)); axes[1].legend()
+plt.tight_layout(); plt.show()
+print(f"theory's best K for this α, c and v(K): {theory.optimal_K(alpha, c, v=lambda K: v[K], K_max=8)}")'''),
+    ("md", """\
+## Where the time goes: one timeline
+
+The first iterations of a real run at K = 4, drawn with the measured call times: K draft calls (grey)
+then one target call scoring K + 1 tokens (blue), against autoregressive decoding producing the same
+tokens one target call each. The number over each target call is the tokens that iteration kept."""),
+    ("code", '''\
+K, SHOWN = 4, 6
+counts = np.asarray(speculative(K)[0][1].n_accepted[:SHOWN])
+t_draft, t_verify, t_one = t["draft"] * 1e3, t[f"target {K + 1}"] * 1e3, t["target 1"] * 1e3  # ms
+fig, ax = plt.subplots(figsize=(12, 2.4))
+x = 0.0
+for a in counts:
+    ax.broken_barh([(x + i * t_draft, t_draft) for i in range(K)], (1.1, 0.8), facecolors="0.6", edgecolor="white")
+    x += K * t_draft
+    ax.broken_barh([(x, t_verify)], (1.1, 0.8), facecolors="tab:blue", edgecolor="white")
+    ax.text(x + t_verify / 2, 2.0, f"+{a + 1}", ha="center")
+    x += t_verify
+n = int((counts + 1).sum())
+ax.broken_barh([(i * t_one, t_one) for i in range(n)], (0.1, 0.8), facecolors=["tab:orange", "tab:red"] * n,
+               edgecolor="white")
+ax.set(yticks=[0.5, 1.5], yticklabels=["autoregressive", "speculative"], xlabel="milliseconds", ylim=(0, 2.4),
+       title=f"{n} tokens: {x:.1f} ms speculative, {n * t_one:.1f} ms autoregressive")
+plt.tight_layout(); plt.show()'''),
+    ("md", """\
+## Theory's curves
+
+Left: tokens per target call against α, for K = 1…8 — long drafts pay only when α is high. Right: the
+predicted speedup against K at the measured α, for a few draft costs c, with verification free (v = 1,
+solid) and with the measured v(K) (dashed)."""),
+    ("code", '''\
+alphas = np.linspace(0, 0.97, 100)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+for K in range(1, 9):
+    axes[0].plot(alphas, theory.expected_tokens_per_call(alphas, K), label=f"K={K}")
+axes[0].set(xlabel="α", ylabel="tokens per target call"); axes[0].legend(ncol=2, fontsize=8)
+for cost, colour in [(0.01, "tab:green"), (c, "tab:blue"), (0.2, "tab:red")]:
+    axes[1].plot(Ks, [theory.walltime_improvement(alpha, K, cost, 1.0) for K in Ks], "-", color=colour, label=f"c={cost:.3f}, v=1")
+    axes[1].plot(Ks, [theory.walltime_improvement(alpha, K, cost, v[K]) for K in Ks], "--", color=colour, label=f"c={cost:.3f}, measured v(K)")
+axes[1].axhline(1, color="gray", lw=0.8)
+axes[1].set(xlabel="K", ylabel=f"predicted speedup at α={alpha:.2f}"); axes[1].legend(fontsize=8)
+plt.tight_layout(); plt.show()'''),
+    ("md", """\
+## A draft that is not a model: n-gram lookup
+
+`NGramDraft` proposes the K tokens that followed the latest earlier occurrence of the text's last
+n-gram (prompt lookup decoding). Its c is essentially 0, and its α depends entirely on how much the
+output repeats what came before: input-grounded text (quoting, editing) and the loops a small greedy
+model falls into both qualify. Same loop, same exactness; greedy here, raced like the rest."""),
+    ("code", '''\
+GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"
+grounded, key = tokenizer.encode(GROUNDED).ids, jax.random.key(0)
+drafts = {"ngram (n<=3)": picospec.NGramDraft(3), "tiny-draft": draft}
+runs = {name: lambda d=d: picospec.speculative_sample(d, target, grounded, N_TOKENS, key, K=4, temperature=0)[0].block_until_ready()
+        for name, d in drafts.items()}
+seconds, _ = race(rounds=2, autoregressive=lambda: picospec.autoregressive_sample(
+    target, grounded, N_TOKENS, key, temperature=0).block_until_ready(), **runs)
+alone = picospec.autoregressive_sample(target, grounded, N_TOKENS, key, temperature=0)
+print(" draft        tokens/call  speedup  identical to the target alone")
+for name, d in drafts.items():
+    tokens, trace = picospec.speculative_sample(d, target, grounded, N_TOKENS, key, K=4, temperature=0)
+    print(f" {name:12s} {N_TOKENS / int(trace.n_steps):11.2f} {seconds['autoregressive'] / seconds[name]:8.2f}x  "
+          f"{bool((tokens == alone).all())}")'''),
+    ("md", """\
+## Exercises
+
+Predict first, then run.
+1. TEMPERATURE = 0: α rises. Which K does theory now pick, and does the measurement agree?
+2. Pretend the draft were free (c = 0) in the prediction: how much of the gap to the ideal
+   (1 − α^(K+1)) / (1 − α) is the draft's cost, and how much is verification's v(K)?
+3. Switch MODELS to "gpt2" (if the hub or your cache has it): c becomes the time ratio of 124M to 1558M.
+   Is it closer to the parameter ratio (0.08) than the tiny pair's c is to theirs? Why?"""),
+]

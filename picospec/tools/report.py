@@ -1,0 +1,49 @@
+"""The benchmark's report: the machine it ran on, and its figures as Markdown tables."""
+
+import platform
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), with AVX-512 noted: figures differ between machines."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    return f"{name or 'unknown CPU'}{', AVX-512' if 'avx512f' in flags else ''}{' with bf16' if 'avx512_bf16' in flags else ''}"
+
+
+def markdown(report: dict) -> str:
+    f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
+    times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
+    lines = [f"Machine: {report['machine']}", "",
+             "| model | dtype | weights | picospec ms/token | transformers ms/token | picospec speedup | "
+             "weights-stream ms | roofline fraction | picospec compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in report["decode"]:
+        lines.append(f"| {d['model']} | {d['dtype']} | {'real' if d['real_weights'] else 'random'} | "
+                     f"{f(d['picospec_ms_per_token'])} | {f(d['transformers_ms_per_token'])} | "
+                     f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
+                     f"{f(d['picospec_compile_seconds'], '.1f')} |")
+    for p in report["pairs"]:
+        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
+                  + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
+                  "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
+                  "|---|---|---|---|---|---|"]
+        for r in p["rows"]:
+            hf = r.get("transformers_assisted")
+            lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
+                         f"{r['predicted_speedup']:.2f}x | {times(hf and hf['speedup'])} |")
+        if real := p.get("real_gpt2_prediction"):
+            lines += ["", f"Real GPT-2 124M -> 1558M, predicted ({p['dtype']}): alpha = {real['alpha']:.3f}, implied by "
+                      "jaymody's published 2.23x at K = 4; theory for K = 1..8: "
+                      + ", ".join(f"{K}: {s:.2f}x" for K, s in real["theory_by_K"].items()), "",
+                      "| K | tokens/call | iteration cost (AR steps, measured) | predicted speedup (measured cost) | "
+                      "theory (c, v(K)) |", "|---|---|---|---|---|"]
+            lines += [f"| {r['K']} | {r['tokens_per_call']:.2f} | {r['iteration_cost']:.2f} | "
+                      f"{r['from_iteration_cost']:.2f}x | {r['theory']:.2f}x |" for r in real["rows"]]
+    if report.get("startup"):
+        lines += ["", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
+        lines += [f"| {s['pair']} | {s['cold_seconds']:.2f} | {s['warm_seconds']:.2f} |" for s in report["startup"]]
+    return "\n".join(lines)
