@@ -6,7 +6,7 @@ import pytest
 
 from conftest import DATA
 
-from picospec import bench
+from picospec.tools import bench
 
 
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):

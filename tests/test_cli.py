@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import DATA
 
-from picospec import cli
+from picospec.tools import cli
 from picospec.tools.stream import Step
 
 PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]

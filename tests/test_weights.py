@@ -12,7 +12,8 @@ from conftest import DATA
 from safetensors.numpy import load_file, save_file
 
 import picospec
-from picospec import PicospecError, weights
+from picospec import PicospecError
+from picospec.tools import weights
 
 SOURCE = DATA / "tiny-hub"
 
@@ -155,3 +156,25 @@ def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
     out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(folder), dtype], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) < 1.3, f"peak resident memory was {float(out.stdout):.2f}x the weights"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: [c], "holds a JSON list, not an object"),
+    (lambda c: {**c, "n_head": 0}, "n_head must be a whole number >= 1, got 0"),
+    (lambda c: {**c, "n_layer": -1}, "n_layer must be a whole number >= 1, got -1"),
+    (lambda c: {**c, "n_embd": "64"}, "n_embd must be a whole number >= 1, got '64'"),
+    (lambda c: {**c, "vocab_size": 2.5}, "vocab_size must be a whole number >= 1, got 2.5"),
+    (lambda c: {**c, "n_positions": True}, "n_positions must be a whole number >= 1, got True"),
+    (lambda c: {**c, "layer_norm_epsilon": "small"}, "layer_norm_epsilon must be a number in"),
+    (lambda c: {**c, "eos_token_id": 10 ** 9}, "eos_token_id must be a token id below vocab_size"),
+    (lambda c: {k: v for k, v in c.items() if k != "n_embd"}, "lacks n_embd"),
+    (lambda c: {**c, "n_head": 5}, "not divisible by n_head=5"),
+    (lambda c: {**c, "activation_function": "relu"}, "only GPT-2's own MLP"),
+])
+def test_a_damaged_config_names_the_field(tmp_path, edit, message):
+    folder = copy_checkpoint(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(edit(config)))
+    with pytest.raises(PicospecError, match=message.replace("(", r"\(")) as e:
+        picospec.load_model(str(folder))
+    assert "\n" not in str(e.value)
