@@ -133,7 +133,7 @@ def test_bad_input_is_one_line_exit_2(capsys, case):
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("truncated", "is truncated or corrupt"), ("corrupt", "is not a valid safetensors file"),
+    ("truncated", "is not a valid safetensors file"), ("corrupt", "is not a valid safetensors file"),
     ("pickle", "only pytorch_model.bin, a pickle"), ("vocab", "the draft's vocabulary (301 tokens) differs"),
 ])
 def test_bad_checkpoints_are_one_line_exit_2(capsys, tmp_path, kind, message):

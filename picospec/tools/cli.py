@@ -109,8 +109,8 @@ def main(argv=None):
         for name, value in [("K", args.K), ("n-tokens", args.n_tokens)]:
             if value < 1:
                 raise PicospecError(f"{name} must be >= 1, got {value}")
-        tokenizer = load_tokenizer(args.target)
         target = load_model(args.target, args.dtype)
+        tokenizer = load_tokenizer(args.target, target)
         if args.mode == "autoregressive":
             draft = None
         elif args.draft == "ngram":

@@ -1,27 +1,24 @@
-"""Finding a checkpoint (bundled, local folder or Hugging Face hub) and loading it as params.
+"""Finding a checkpoint (bundled, local folder or Hugging Face hub) and loading it as a Model.
 
-A checkpoint is a folder in the Hugging Face GPT-2 layout: config.json, model.safetensors and
-tokenizer.json. Only safetensors is read; nothing is ever unpickled. Tensors are read one by one from
-the memory-mapped file and each one's pages are dropped once it is on the device, so loading never
-holds a second full copy of the weights.
+A checkpoint is a folder in the Hugging Face GPT-2 layout: config.json, tokenizer.json, and
+model.safetensors or, sharded, model.safetensors.index.json and the shards it lists. Only safetensors
+is read (tensors.py); nothing is ever unpickled.
 """
 
 import json
-import mmap
 import re
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from huggingface_hub import hf_hub_download
-from safetensors.numpy import save_file
 from huggingface_hub import errors as hub_errors
+from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer
 
 from picospec.config import GPT2Config
 from picospec.errors import PicospecError
-from picospec.gpt2 import Model, init_params
+from picospec.gpt2 import Model
+from picospec.tools.tensors import load_params, save_params
 
 HUB_REPOS = {
     "gpt2": "openai-community/gpt2", "124M": "openai-community/gpt2",
@@ -32,12 +29,11 @@ HUB_REPOS = {
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "weights"  # holds tiny-draft, tiny-target
 BUNDLED = ("tiny-draft", "tiny-target")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-FILE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16}
-# Tensors a checkpoint may hold that the model does not need: the hub files carry each layer's
-# causal-mask buffers, and the LM head is tied to wte.
-SKIPPED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")
-# GPT-2's Conv1D weights, stored [in, out] in the checkpoint and kept [out, in] in params (see gpt2.py).
-CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+class MissingFile(PicospecError):
+    """The checkpoint has no such file (a sharded one has no model.safetensors)."""
 
 
 def checkpoint_file(name_or_path: str, filename: str) -> Path:
@@ -64,8 +60,8 @@ def _folder_file(folder: Path, filename: str) -> Path:
     if filename == "model.safetensors" and (folder / "pytorch_model.bin").exists():
         raise PicospecError(f"{folder} holds only pytorch_model.bin, a pickle, which picospec never "
                             "loads; convert it to model.safetensors (e.g. save_pretrained in transformers)")
-    raise PicospecError(f"{path} is missing; a checkpoint folder needs config.json, "
-                        "model.safetensors and tokenizer.json")
+    raise MissingFile(f"{path} is missing; a checkpoint folder needs config.json, tokenizer.json and "
+                      "model.safetensors (or model.safetensors.index.json and its shards)")
 
 
 def _hub_file(repo: str, filename: str) -> Path:
@@ -82,7 +78,7 @@ def _hub_file(repo: str, filename: str) -> Path:
                             "or set HF_TOKEN for a private repo") from None
     except hub_errors.EntryNotFoundError:
         hint = "; picospec loads safetensors only" if filename.endswith(".safetensors") else ""
-        raise PicospecError(f"hub repo {repo!r} has no {filename}{hint}") from None
+        raise MissingFile(f"hub repo {repo!r} has no {filename}{hint}") from None
     except (hub_errors.HfHubHTTPError, OSError) as e:
         raise PicospecError(f"cannot download {filename} of {repo} ({type(e).__name__}); check the "
                             "network, or set HF_HUB_OFFLINE=1 to use the cache, or pass a local "
@@ -102,17 +98,42 @@ def load_model(name_or_path: str, dtype: str = "float32") -> Model:
     if dtype not in DTYPES:
         raise PicospecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     config = GPT2Config.from_json(checkpoint_file(name_or_path, "config.json"))
-    params = load_params(checkpoint_file(name_or_path, "model.safetensors"), config, DTYPES[dtype])
+    params = load_params(safetensors_files(name_or_path), config, DTYPES[dtype])
     return Model(config, params)
 
 
-def load_tokenizer(name_or_path: str) -> Tokenizer:
-    """The checkpoint's tokenizer.json, as a `tokenizers.Tokenizer`."""
+def safetensors_files(name_or_path: str) -> list[Path]:
+    """[model.safetensors], or the shards that model.safetensors.index.json lists (only those fetched)."""
+    try:
+        return [checkpoint_file(name_or_path, WEIGHTS)]
+    except MissingFile as missing:
+        try:
+            index = checkpoint_file(name_or_path, INDEX)
+        except MissingFile:
+            raise missing from None
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        weight_map = None
+    shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    if not shards or not all(isinstance(s, str) and re.fullmatch(r"[\w.-]+\.safetensors", s) for s in shards):
+        raise PicospecError(f"{index} has no valid weight_map (tensor name -> shard file name); download it again")
+    return [checkpoint_file(name_or_path, shard) for shard in sorted(shards)]
+
+
+def load_tokenizer(name_or_path: str, model: Model | None = None) -> Tokenizer:
+    """The checkpoint's tokenizer.json, as a `tokenizers.Tokenizer`; with `model`, checked to fit its
+    vocabulary (a larger tokenizer would produce ids the model has no embedding for)."""
     path = checkpoint_file(name_or_path, "tokenizer.json")
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        raise PicospecError(f"{path} is not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+        raise PicospecError(f"{path} is not a valid tokenizer.json ({str(e).splitlines()[0]}); "
+                            "download it again") from None
+    if model is not None and tokenizer.get_vocab_size() > model.config.vocab_size:
+        raise PicospecError(f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
+                            f"{model.config.vocab_size}: pick the tokenizer.json that came with the model")
+    return tokenizer
 
 
 def eos_token_id(model: Model, tokenizer: Tokenizer) -> int | None:
@@ -122,91 +143,10 @@ def eos_token_id(model: Model, tokenizer: Tokenizer) -> int | None:
     return tokenizer.token_to_id("<|endoftext|>")
 
 
-def load_params(path: Path, config: GPT2Config, dtype) -> dict:
-    """Read every tensor GPT-2 needs from a safetensors file, checking names and shapes."""
-    header, data_start, file_size = _read_header(path)
-    stored = {_bare(k): k for k in header if k != "__metadata__"}  # bare name -> key in the file
-    wanted = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))  # the expected pytree
-    names = {_dotted(p) for p, _ in jax.tree_util.tree_flatten_with_path(wanted)[0]}
-    if missing := sorted(names - stored.keys()):
-        raise PicospecError(f"{path}: missing tensor {missing[0]} ({len(missing)} missing); "
-                            "is this a GPT-2 checkpoint matching its config.json?")
-    if unexpected := sorted(k for k in stored.keys() - names if not SKIPPED.fullmatch(k)):
-        raise PicospecError(f"{path}: unexpected tensor {stored[unexpected[0]]}; "
-                            "is this a GPT-2 checkpoint?")
-
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        def load(key_path, expected):
-            name = _dotted(key_path)
-            entry = header[stored[name]]
-            conv1d = CONV1D.fullmatch(name)
-            shape = expected.shape[::-1] if conv1d else expected.shape  # as the file stores it
-            if tuple(entry["shape"]) != shape:
-                raise PicospecError(f"{path}: tensor {stored[name]} has shape {tuple(entry['shape'])}, "
-                                    f"but config.json implies {shape}")
-            begin, end = (data_start + o for o in entry["data_offsets"])
-            file_dtype = FILE_DTYPES.get(entry["dtype"])
-            if file_dtype is None or end > file_size or end - begin != expected.size * np.dtype(file_dtype).itemsize:
-                raise PicospecError(f"{path} is truncated or corrupt at tensor {stored[name]}; "
-                                    "download it again")
-            host = np.frombuffer(mm, file_dtype, expected.size, begin).reshape(shape)
-            array = _aligned_empty(expected.shape, dtype)
-            np.copyto(array, host.T if conv1d else host, casting="unsafe")  # read, converting the dtype
-            del host  # release the view so the mapping can close
-            page = (begin // mmap.PAGESIZE) * mmap.PAGESIZE
-            mm.madvise(mmap.MADV_DONTNEED, page, end - page)  # drop the file pages just read
-            return jnp.asarray(array)
-
-        return jax.tree_util.tree_map_with_path(load, wanted)
-
-
-def _aligned_empty(shape, dtype, alignment=64):
-    """An uninitialised host array at a 64-byte boundary: on CPU, jax adopts such a buffer as is,
-    so the weights exist once; on an accelerator it is copied over and freed."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.empty(nbytes + alignment, np.uint8)
-    start = -raw.ctypes.data % alignment
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def _read_header(path: Path):
-    """safetensors: 8 bytes of little-endian header length, a JSON header, then the raw data."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        n = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        try:
-            if not 0 < n <= size - 8:
-                raise ValueError("bad header length")
-            header = json.loads(f.read(n))
-            assert isinstance(header, dict)
-        except (ValueError, AssertionError):
-            raise PicospecError(f"{path} is not a valid safetensors file (truncated or corrupt); "
-                                "download or save it again") from None
-    return header, 8 + n, size
-
-
-def _bare(key: str) -> str:  # transformers' save_pretrained prefixes the hub's keys
-    return key.removeprefix("transformer.")
-
-
-def _dotted(key_path) -> str:  # (DictKey('h'), SequenceKey(0), DictKey('ln_1'), ...) -> "h.0.ln_1..."
-    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
-
-
-def checkpoint_tensors(params: dict, dtype=np.float32) -> dict:
-    """params -> {hub key name: numpy array of dtype}, Conv1D weights back in the file's [in, out]."""
-    flat = {}
-    for key_path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name, x = _dotted(key_path), np.asarray(x, np.float32).astype(dtype)
-        flat[name] = np.ascontiguousarray(x.T if CONV1D.fullmatch(name) else x)
-    return flat
-
-
 def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path, dtype=np.float32):
     """Write a Hugging Face GPT-2 folder (hub key names, tensors stored as dtype) that picospec and
     transformers load."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_tensors(model.params, dtype), folder / "model.safetensors", metadata={"format": "pt"})
+    save_params(model.params, folder / "model.safetensors", dtype)
     (folder / "config.json").write_text(json.dumps(model.config.to_json(), indent=2) + "\n")
     tokenizer.save(str(folder / "tokenizer.json"))
