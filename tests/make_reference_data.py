@@ -8,6 +8,8 @@ tests/data/<name>/reference.safetensors holding fixed input tokens and transform
   - tiny-prefixed: `save_pretrained` as is: keys `transformer.h.0...`, head tied and not stored.
   - tiny-hub: the layout of the hub's openai-community files: bare keys `h.0...`, plus each layer's
     `attn.bias` / `attn.masked_bias` mask buffers. Odd head count (3), like gpt2-xl's 25.
+  - tiny-sharded: tiny-prefixed's model saved in shards (`save_pretrained(max_shard_size=...)`):
+    model.safetensors.index.json and the shards it lists.
 """
 
 from pathlib import Path
@@ -51,10 +53,10 @@ def main():
     tokenizer = make_tokenizer()
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, size=(3, 40)).astype(np.int64)  # 3 fixed inputs of 40 tokens
-    for name, n_head, seed in [("tiny-prefixed", 4, 1), ("tiny-hub", 3, 2)]:
+    for name, n_head, seed in [("tiny-prefixed", 4, 1), ("tiny-hub", 3, 2), ("tiny-sharded", 4, 1)]:
         folder = DATA / name
         model = make_model(n_head, seed)
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, max_shard_size="40KB" if name == "tiny-sharded" else "5GB")
         (folder / "generation_config.json").unlink(missing_ok=True)
         if name == "tiny-hub":  # rewrite the weights in the hub's bare-key layout, with mask buffers
             tensors = {k.removeprefix("transformer."): v.numpy() for k, v in model.state_dict().items()

@@ -10,7 +10,7 @@ from safetensors.numpy import load_file
 import picospec
 from picospec.gpt2 import forward, init_cache
 
-CHECKPOINTS = ["tiny-prefixed", "tiny-hub"]  # transformers' layout, and the hub's (odd head count)
+CHECKPOINTS = ["tiny-prefixed", "tiny-hub", "tiny-sharded"]  # transformers' layout, the hub's (odd head count), shards
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)

@@ -181,3 +181,55 @@ def test_a_damaged_config_names_the_field(tmp_path, edit, message):
     with pytest.raises(PicospecError, match=message.replace("(", r"\(")) as e:
         picospec.load_model(str(folder))
     assert "\n" not in str(e.value)
+
+
+SHARDED = DATA / "tiny-sharded"  # transformers' save_pretrained(max_shard_size="40KB"): 5 shards
+
+
+def test_a_sharded_checkpoint_reads_only_the_shards_its_index_lists(tmp_path):
+    folder = tmp_path / "sharded"
+    shutil.copytree(SHARDED, folder)
+    (folder / "model-00009-of-00009.safetensors").write_bytes(b"not listed, never read")
+    model = picospec.load_model(str(folder))
+    np.testing.assert_array_equal(model.params["wte"]["weight"], picospec.load_model(str(SHARDED)).params["wte"]["weight"])
+    assert len(weights.safetensors_files(str(folder))) == 5
+
+
+def test_a_sharded_hub_repo_fetches_the_index_then_its_shards(monkeypatch):
+    asked = []
+
+    def fake_download(repo, filename):  # the hub, served from the committed folder
+        asked.append(filename)
+        if not (SHARDED / filename).exists():
+            raise weights.hub_errors.EntryNotFoundError(f"{filename} not found")
+        return str(SHARDED / filename)
+    monkeypatch.setattr(weights, "hf_hub_download", fake_download)
+    model = picospec.load_model("someone/sharded-gpt2")
+    assert asked[:3] == ["config.json", "model.safetensors", "model.safetensors.index.json"]
+    assert sorted(asked[3:]) == [f"model-0000{i}-of-00005.safetensors" for i in range(1, 6)]
+    assert model.config.n_head == 4
+
+
+@pytest.mark.parametrize("index, message", [
+    ("not json", "has no valid weight_map"),
+    ('{"weight_map": {}}', "has no valid weight_map"),
+    ('{"weight_map": {"wte.weight": "../../etc/passwd"}}', "has no valid weight_map"),
+    ('{"weight_map": {"wte.weight": "model-00007-of-00009.safetensors"}}', "model-00007-of-00009.safetensors is missing"),
+])
+def test_a_damaged_index_is_refused(tmp_path, index, message):
+    folder = tmp_path / "sharded"
+    shutil.copytree(SHARDED, folder)
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(PicospecError, match=message):
+        picospec.load_model(str(folder))
+
+
+def test_a_shard_missing_a_tensor_is_named(tmp_path):
+    folder = tmp_path / "sharded"
+    shutil.copytree(SHARDED, folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != last}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(PicospecError, match="missing tensor"):
+        picospec.load_model(str(folder))
