@@ -233,3 +233,42 @@ def test_a_shard_missing_a_tensor_is_named(tmp_path):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(PicospecError, match="missing tensor"):
         picospec.load_model(str(folder))
+
+
+def offline_cli(tmp_path, populate):
+    """The CLI on hub name 124M, offline, with a Hugging Face cache that `populate(repo_folder)` prepares."""
+    repo = tmp_path / "hub" / "models--openai-community--gpt2"
+    populate(repo)
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "picospec", "--draft", "124M", "--target", "124M", "--n-tokens", "2"],
+                          env=env, capture_output=True, text=True)
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def snapshot_without(filename):
+    def populate(repo):
+        shutil.copytree(SOURCE, repo / "snapshots" / COMMIT)
+        (repo / "snapshots" / COMMIT / filename).unlink()
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(COMMIT)
+    return populate
+
+
+def interrupted_download(repo):
+    snapshot_without("model.safetensors")(repo)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "3f2a9c.incomplete").write_bytes(b"\0" * 1000)
+
+
+@pytest.mark.parametrize("populate, message", [
+    (snapshot_without("model.safetensors"), "cannot get model.safetensors of openai-community/gpt2: it is not in "
+                                            "the Hugging Face cache and the hub is unreachable"),
+    (snapshot_without("tokenizer.json"), "cannot get tokenizer.json of openai-community/gpt2"),
+    (interrupted_download, "an interrupted download is in"),
+])
+def test_an_incomplete_hub_cache_offline_is_one_clear_line(tmp_path, populate, message):
+    out = offline_cli(tmp_path, populate)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and message in out.stderr and "HF_HUB_OFFLINE" in out.stderr, out.stderr

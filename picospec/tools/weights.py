@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+from huggingface_hub import constants
 from huggingface_hub import errors as hub_errors
 from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer
@@ -70,8 +71,11 @@ def _hub_file(repo: str, filename: str) -> Path:
     try:
         return Path(hf_hub_download(repo, filename))
     except hub_errors.LocalEntryNotFoundError:
-        raise PicospecError(f"cannot get {filename} of {repo}: it is not in the Hugging Face cache and the "
-                            "hub is unreachable (or HF_HUB_OFFLINE=1); connect once, or pass a local "
+        cached = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+        interrupted = any((cached / "blobs").glob("*.incomplete"))
+        hint = f" (an interrupted download is in {cached}: connect again to finish it)" if interrupted else ""
+        raise PicospecError(f"cannot get {filename} of {repo}: it is not in the Hugging Face cache{hint} and "
+                            "the hub is unreachable (or HF_HUB_OFFLINE=1); connect once, or pass a local "
                             "folder") from None
     except (hub_errors.RepositoryNotFoundError, hub_errors.GatedRepoError):
         raise PicospecError(f"hub repo {repo!r} not found or not accessible; check the name, "
