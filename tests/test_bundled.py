@@ -11,7 +11,7 @@ from conftest import random_model
 from safetensors import safe_open
 
 import picospec
-from picospec.tools.train import loss_fn
+from picospec.tools.train import STORED, loss_fn
 
 WEIGHTS = Path(__file__).parent.parent / "weights"
 HELD_OUT = (WEIGHTS / "heldout_sample.txt").read_text().split("\n<|endoftext|>")
@@ -26,11 +26,11 @@ def test_names_resolve_from_any_directory(tmp_path):
     assert int(out.stdout) == TARGET.config.n_layer
 
 
-def test_hugging_face_layout_float16_files_and_size():
+def test_hugging_face_layout_file_dtype_and_size():
     for name, model in (("tiny-draft", DRAFT), ("tiny-target", TARGET)):
         assert sorted(p.name for p in (WEIGHTS / name).iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
-        with safe_open(WEIGHTS / name / "model.safetensors", "numpy") as f:  # stored as float16 ...
-            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+        with safe_open(WEIGHTS / name / "model.safetensors", "numpy") as f:  # stored as train.py says ...
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32" if STORED == np.float32 else "F16"}
         assert {x.dtype for x in jax.tree_util.tree_leaves(model.params)} == {np.dtype("float32")}  # ... run as float32
     total = sum(p.stat().st_size for p in WEIGHTS.glob("tiny-*/*"))
     assert total < 30e6
