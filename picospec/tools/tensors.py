@@ -72,7 +72,7 @@ def _entries(path: Path) -> dict:
         with safe_open(path, framework="numpy"):  # the library validates the header and the size
             pass
     except (SafetensorError, OSError) as e:
-        raise PicospecError(f"{path} is not a valid safetensors file ({_first_line(e)}); download it "
+        raise PicospecError(f"{path} is not a valid safetensors file ({first_line(e)}); download it "
                             "again, or save it again with safetensors") from None
     with open(path, "rb") as f:  # valid now: 8 bytes of header length, the JSON header, the data
         n = int.from_bytes(f.read(8), "little")
@@ -102,7 +102,7 @@ def _read_exactly(path: Path, begin: int, out: np.ndarray):
             done += n
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:  # an exception's message, for a one-line error
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 

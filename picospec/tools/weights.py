@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from picospec.config import GPT2Config
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
-from picospec.tools.tensors import load_params, save_params
+from picospec.tools.tensors import first_line, load_params, save_params
 
 HUB_REPOS = {
     "gpt2": "openai-community/gpt2", "124M": "openai-community/gpt2",
@@ -132,7 +132,7 @@ def load_tokenizer(name_or_path: str, model: Model | None = None) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        raise PicospecError(f"{path} is not a valid tokenizer.json ({str(e).splitlines()[0]}); "
+        raise PicospecError(f"{path} is not a valid tokenizer.json ({first_line(e)}); "
                             "download it again") from None
     if model is not None and tokenizer.get_vocab_size() > model.config.vocab_size:
         raise PicospecError(f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
