@@ -13,7 +13,8 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
     out = tmp_path / "bench.json"
     pair = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", pair, "--K", "2", "--v-K", "1",
-                "--n-tokens", "12", "--no-transformers", "--startup", pair, "--dtype", "float32,bfloat16", "--out", str(out)])
+                "--n-tokens", "12", "--no-transformers", "--startup", pair, "--dtype", "float32,bfloat16", "--out", str(out),
+                "--batch", "1,3", "--batch-pairs", pair])
     report = json.loads(out.read_text())
     assert [d["dtype"] for d in report["decode"]] == ["float32", "bfloat16"]
     for decode in report["decode"]:
@@ -27,10 +28,16 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
         assert all(v > 0 for v in pair_report["v"].values()) and pair_report["c"] > 0
         for row in pair_report["rows"]:
             assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1
+    [batch] = report["batch"]
+    assert [r["B"] for r in batch["rows"]] == [1, 3]
+    for row in batch["rows"]:
+        assert row["ar_tokens_per_second"] > 0 and row["spec_tokens_per_second"] > 0 and row["v"] > 0
+        assert "transformers_tokens_per_second" not in row  # --no-transformers
     [startup] = report["startup"]
     assert startup["cold_seconds"] > 0 and startup["warm_seconds"] > 0  # a fresh process reached a token
     table = capsys.readouterr().out
     assert "| model | dtype | weights | picospec ms/token" in table and "| K | alpha |" in table
+    assert "| B | autoregressive tok/s |" in table
     assert "—x" not in table  # a missing number is a dash, not a dash with a unit
 
 

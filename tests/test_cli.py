@@ -179,3 +179,55 @@ def test_bundled_pair_offline_from_the_readme(capsys):
     stats = result["speculative"]["stats"]
     assert stats["acceptance_rate"] > 0.3 and stats["tokens_per_step"] > 1.5  # a real, learned pair
     assert result["speculative"]["text"].split()[0] == "unto"
+
+
+# ---- several prompts: one batch ----
+
+def test_several_prompts_run_as_one_batch_and_each_row_is_its_single_run(capsys, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick\n\nTo be or not to be, that is\n")  # the blank line is skipped
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "All that", "--prompt-file", str(prompts), "--n-tokens", "10",
+                           "--temperature", "0", "--mode", "compare", "--json")
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    rows, summary = lines[:-1], lines[-1]["summary"]
+    assert sorted((r["mode"], r["row"]) for r in rows) == [(m, b) for m in ("autoregressive", "speculative")
+                                                           for b in range(3)]
+    assert summary["identical"] is True and summary["speculative"]["n_prompts"] == 3
+    assert summary["speculative"]["n_tokens"] == 30 and summary["speculative"]["acceptance_rate"] is not None
+    for row in rows:  # greedy: every row is what the one-prompt command prints for that prompt
+        if row["mode"] == "speculative":
+            _, single, _ = run_cli(capsys, *PAIR, "--prompt", row["prompt"], "--n-tokens", "10", "--temperature", "0",
+                                   "--json")
+            assert row["tokens"] == json.loads(single)["tokens"]
+            assert row["stats"]["n_steps"] == json.loads(single)["stats"]["n_steps"]
+
+
+def test_prompts_from_stdin_print_each_row_and_a_summary(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The quick\nAll that\n"))
+    code, out, err = run_cli(capsys, *PAIR, "--prompt-file", "-", "--n-tokens", "6", "--temperature", "0.8")
+    assert code == 0
+    assert "--- speculative, prompt 1 of 2 ---\nThe quick" in out and "--- speculative, prompt 2 of 2 ---\nAll that" in out
+    assert "[speculative] prompt 1: 6 tokens" in err and "[speculative] batch of 2: 12 tokens" in err
+
+
+BAD_BATCHES = {
+    "empty prompt file": ("", "the prompt file {file} has no prompts"),
+    "blank prompt file": ("\n  \n", "the prompt file {file} has no prompts"),
+    "a line past the context": ("The quick\n" + "word " * 70 + "\n", "prompt 2 of 2: prompt ("),
+    "not UTF-8": (b"\xff\xfe bad", "cannot read the prompt file {file}"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BATCHES)
+def test_bad_prompt_files_are_one_line_exit_2(capsys, tmp_path, case):
+    content, message = BAD_BATCHES[case]
+    file = tmp_path / "prompts.txt"
+    file.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(file), "--n-tokens", "10")
+    assert code == 2 and err.count("\n") == 1 and message.format(file=file) in err, err
+
+
+def test_a_missing_prompt_file_is_one_line_exit_2(capsys, tmp_path):
+    code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(tmp_path / "nope.txt"))
+    assert code == 2 and err.count("\n") == 1 and "cannot read the prompt file" in err and "No such file" in err

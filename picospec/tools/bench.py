@@ -29,6 +29,7 @@ from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.sampling import autoregressive_sample
 from picospec.speculative import speculative_sample
+from picospec.tools.bench_batch import batch_report
 from picospec.tools.reference import transformers_assisted, transformers_decode
 from picospec.tools.report import cpu_name, markdown
 from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
@@ -166,6 +167,9 @@ def main(argv=None):
                         help="comma list of float32, bfloat16: picospec's and transformers' weights")
     parser.add_argument("--startup", default="tiny-draft:tiny-target,gpt2:gpt2-xl",
                         help="DRAFT:TARGET pairs timed from a fresh process to the first token, cold and warm")
+    parser.add_argument("--batch", default="", help="batch sizes for the batch rows, e.g. 1,2,4,8,16 (default none)")
+    parser.add_argument("--batch-pairs", default="tiny-draft:tiny-target,gpt2:gpt2-xl",
+                        help="DRAFT:TARGET pairs for the batch rows")
     parser.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
     parser.add_argument("--out", type=Path, default=Path("bench.json"))
     args = parser.parse_args(argv)
@@ -187,6 +191,13 @@ def main(argv=None):
             p = pair_report(pair, draft, target, prompt, Ks, vKs, args.n_tokens, with_hf, dtype)
             report["pairs"].append(p)
             print(f"pair {pair} {dtype}: {json.dumps(p)}", flush=True)
+    report["batch"] = []
+    for pair in filter(None, args.batch_pairs.split(",") if args.batch else []):
+        folders = [resolve(m)[0] for m in pair.split(":")]
+        draft, target = (load_model(f, "float32") for f in folders)
+        folders = [str(checkpoint_file(f, "config.json").parent) for f in folders]
+        report["batch"].append(batch_report(pair, draft, target, folders, Ks[-1], args.n_tokens,
+                                            [int(b) for b in args.batch.split(",")], with_hf))
     report["startup"] = []
     for pair in filter(None, args.startup.split(",")):
         draft, target = (resolve(m)[0] for m in pair.split(":"))

@@ -11,6 +11,7 @@ from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.speculative import check_pair
+from picospec.tools.batch_cli import read_prompts, run_batch
 from picospec.tools.display import extra_kind
 from picospec.tools.jit_cache import use_persistent_cache
 from picospec.tools.stream import Timing, stream_autoregressive, stream_speculative
@@ -21,7 +22,9 @@ COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m picospec", description=__doc__)
-    parser.add_argument("--prompt", default="", help="the text to continue; empty starts from <|endoftext|>")
+    parser.add_argument("--prompt", action="append", help="the text to continue; empty starts from <|endoftext|>; "
+                        "give it several times to run the prompts as one batch")
+    parser.add_argument("--prompt-file", help="one prompt a line (- reads standard input), run as one batch")
     parser.add_argument("--draft", default="gpt2",
                         help="draft model: name, hub repo or folder (default gpt2, 124M); or ngram for n-gram lookup")
     parser.add_argument("--ngram-max", type=int, default=3, help="with --draft ngram: longest n-gram tried (default 3)")
@@ -36,7 +39,8 @@ def parse_args(argv):
                         help="compare runs both and reports the speedup (default speculative)")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     parser.add_argument("--stop-at-eos", action="store_true", help="stop early at <|endoftext|>")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text "
+                        "(a batch: one line per row as it finishes, then one with the summary)")
     parser.error = lambda message: _fail(message)  # one line, exit code 2: no usage dump
     return parser.parse_args(argv)
 
@@ -109,6 +113,7 @@ def main(argv=None):
         for name, value in [("K", args.K), ("n-tokens", args.n_tokens)]:
             if value < 1:
                 raise PicospecError(f"{name} must be >= 1, got {value}")
+        texts = read_prompts(args)
         target = load_model(args.target, args.dtype)
         tokenizer = load_tokenizer(args.target, target)
         if args.mode == "autoregressive":
@@ -119,6 +124,10 @@ def main(argv=None):
             draft = load_model(args.draft, args.dtype)
         if draft is not None:
             check_pair(draft, target, args.K)
+        if len(texts) > 1 or args.prompt_file:
+            run_batch(args, draft, target, tokenizer, texts)
+            return 0
+        args.prompt = texts[0]
         prompt = tokenizer.encode(args.prompt).ids or [eos_token_id(target, tokenizer)]
         modes = ["autoregressive", "speculative"] if args.mode == "compare" else [args.mode]
         results = {}

@@ -39,3 +39,23 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
         t, _ = race(plain=lambda: target.generate(ids, **common),
                     assisted=lambda: target.generate(ids, **common, **assist))
     return {"plain_seconds": t["plain"], "assisted_seconds": t["assisted"], "speedup": t["plain"] / t["assisted"]}
+
+
+def transformers_batch_generate(folder: str, prompts, n: int, dtype="float32"):
+    """transformers' batched generate of n tokens after each prompt: left-padded (GPT-2 has no pad
+    token; id 0 with attention_mask 0), greedy, use_cache=True. None without transformers."""
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def run():
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           use_cache=True, pad_token_id=0)
+    return run

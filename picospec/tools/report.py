@@ -43,6 +43,14 @@ def markdown(report: dict) -> str:
                       "theory (c, v(K)) |", "|---|---|---|---|---|"]
             lines += [f"| {r['K']} | {r['tokens_per_call']:.2f} | {r['iteration_cost']:.2f} | "
                       f"{r['from_iteration_cost']:.2f}x | {r['theory']:.2f}x |" for r in real["rows"]]
+    for b in report.get("batch", []):
+        lines += ["", f"**{b['pair']}**, B prompts at once, greedy, K = {b['K']}, {b['n_tokens']} tokens each "
+                  "(tokens/s over the whole batch; transformers: batched generate)", "",
+                  "| B | autoregressive tok/s | speculative tok/s | speedup | theory | alpha | v_B(K) | "
+                  "transformers tok/s |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['B']} | {r['ar_tokens_per_second']:.0f} | {r['spec_tokens_per_second']:.0f} | "
+                  f"{r['speedup']:.2f}x | {r['predicted_speedup']:.2f}x | {r['alpha']:.2f} | {r['v']:.2f} | "
+                  f"{f(r.get('transformers_tokens_per_second'), '.0f')} |" for r in b["rows"]]
     if report.get("startup"):
         lines += ["", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
         lines += [f"| {s['pair']} | {s['cold_seconds']:.2f} | {s['warm_seconds']:.2f} |" for s in report["startup"]]

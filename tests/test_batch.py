@@ -1,0 +1,101 @@
+"""Many prompts at once: every row is exactly its single-prompt call, and the law holds per row."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import early_exit, random_model
+from stats import FAIL, PASS, chi_square_p
+from test_speculative import DRAFT, N_SAMPLES, PROMPT, TARGET, V, target_law
+
+import picospec
+from picospec import PicospecError, Sampling
+from picospec.batch import autoregressive_sample_batch, check_memory, speculative_sample_batch
+
+BIG_TARGET = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+BIG_DRAFT = early_exit(BIG_TARGET, 1)
+LENGTHS = (1, 5, 17, 3, 30)  # ragged: buckets 16, 16, 32, 16, 32
+
+
+def prompts(seed=0, lengths=LENGTHS):
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, 16, n)] for n in lengths]
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.8, top_k=5),
+                                dict(temperature=1.0, stop_at_eos=True)], ids=str)
+def test_every_row_is_its_single_prompt_call(kw):
+    rows = prompts()
+    keys = jax.random.split(jax.random.key(3), len(rows))
+    out, trace = speculative_sample_batch(BIG_DRAFT, BIG_TARGET, rows, 40, keys, K=3, **kw)
+    ar = autoregressive_sample_batch(BIG_TARGET, rows, 40, keys, **kw)
+    assert out.shape == ar.shape == (len(rows), 40)
+    for b, prompt in enumerate(rows):
+        spec, t = picospec.speculative_sample(BIG_DRAFT, BIG_TARGET, prompt, 40, keys[b], K=3, **kw)
+        np.testing.assert_array_equal(out[b], spec)
+        np.testing.assert_array_equal(ar[b], picospec.autoregressive_sample(BIG_TARGET, prompt, 40, keys[b], **kw))
+        n = int(t.n_steps)
+        assert int(trace.n_steps[b]) == n
+        for field in ("drafted", "n_accepted", "extra", "bonus", "u"):  # the same decisions, the same uniforms
+            np.testing.assert_array_equal(getattr(trace, field)[b][:n], getattr(t, field)[:n])
+        # The probabilities agree to float32 rounding: a batched product may sum in another order.
+        for field in ("p", "q"):
+            np.testing.assert_allclose(getattr(trace, field)[b][:n], getattr(t, field)[:n], rtol=1e-5, atol=1e-7)
+    if kw.get("temperature") == 0.0:
+        np.testing.assert_array_equal(out, ar)  # and greedy speculative is greedy autoregressive, per row
+    assert len(set(np.asarray(trace.n_steps).tolist())) > 1, "rows should finish after different iterations"
+
+
+def test_finished_rows_stop_changing():
+    """A row that reached <|endoftext|> early keeps eos to the end while the others go on."""
+    rows = prompts(seed=4, lengths=(2, 9, 4, 12, 6, 3))
+    keys = jax.random.split(jax.random.key(7), len(rows))
+    out, trace = speculative_sample_batch(BIG_DRAFT, BIG_TARGET, rows, 60, keys, K=2, stop_at_eos=True)
+    eos = BIG_TARGET.config.eos_token_id
+    stopped = [b for b in range(len(rows)) if (np.asarray(out[b]) == eos).any()]
+    running = [b for b in range(len(rows)) if b not in stopped]
+    assert stopped and running, "this seed has rows that stop and rows that run to the end"
+    for b in stopped:
+        first = int(np.argmax(np.asarray(out[b]) == eos))
+        assert (np.asarray(out[b, first:]) == eos).all()
+        assert int(trace.n_steps[b]) < max(int(trace.n_steps[r]) for r in running)
+
+
+def test_batched_ragged_rows_follow_the_target_law():
+    """The losslessness test, batched: half the rows have PROMPT, half a longer prompt, interleaved;
+    the first three tokens of each half follow the target's exact joint law for its prompt."""
+    other = [3, 0, 5, 2, 1, 4]
+    rows = [PROMPT if b % 2 == 0 else other for b in range(2 * N_SAMPLES)]
+    keys = jax.random.split(jax.random.key(5), len(rows))
+    out, _ = speculative_sample_batch(DRAFT, TARGET, rows, 3, keys, K=2, temperature=1.0)
+    index = np.asarray(out) @ np.array([V * V, V, 1])  # [B]
+    law = target_law(Sampling(1.0))
+    assert chi_square_p(index[0::2], law) > PASS
+    assert chi_square_p(index[1::2], target_law(Sampling(1.0), prompt=other)) > PASS
+    # Control: the rows of one prompt do not follow the other prompt's law, nor the draft's.
+    assert chi_square_p(index[1::2], law) < FAIL
+    assert chi_square_p(index[0::2], target_law(Sampling(1.0), DRAFT)) < FAIL
+
+
+def test_a_new_batch_of_the_same_sizes_compiles_nothing(compiles):
+    keys = jax.random.split(jax.random.key(0), 3)
+    speculative_sample_batch(BIG_DRAFT, BIG_TARGET, prompts(1, (3, 7, 12)), 20, keys, K=3)
+    before = compiles.count
+    speculative_sample_batch(BIG_DRAFT, BIG_TARGET, prompts(2, (9, 2, 14)), 20, keys, K=3)  # same buckets
+    assert compiles.count == before
+
+
+@pytest.mark.parametrize("rows, keys, message", [
+    ([], 0, "no prompts"),
+    ([[1, 2], []], 2, "prompt 2 of 2: the prompt is empty"),
+    ([[1], [1] * 120], 2, "prompt 2 of 2: prompt (120 tokens) + n-tokens (20) + K=3 exceeds"),
+    ([[1], [2]], 3, "one jax.random key per prompt: 2 keys"),
+])
+def test_bad_batches_are_refused(rows, keys, message):
+    with pytest.raises(PicospecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        speculative_sample_batch(BIG_DRAFT, BIG_TARGET, rows, 20, jax.random.split(jax.random.key(0), keys), K=3)
+
+
+def test_a_batch_larger_than_memory_is_refused_before_allocating():
+    check_memory([BIG_DRAFT, BIG_TARGET], 1000, 128, 4, available=10 ** 9)  # 1000 small rows fit in 1 GB
+    with pytest.raises(PicospecError, match=r"give at most \d+ prompts at once"):
+        check_memory([BIG_DRAFT, BIG_TARGET], 10 ** 6, 128, 4, available=10 ** 9)
