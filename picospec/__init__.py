@@ -1,5 +1,6 @@
 """picospec: speculative sampling on GPT-2, from scratch in JAX."""
 
+from picospec.batch import autoregressive_sample_batch, speculative_sample_batch
 from picospec.config import GPT2Config
 from picospec.errors import PicospecError
 from picospec.gpt2 import KVCache, Model, forward, init_cache, logits
@@ -10,6 +11,7 @@ from picospec.tools.weights import load_model, load_tokenizer
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",
-    "autoregressive_sample", "forward", "init_cache", "load_model", "load_tokenizer", "logits",
-    "speculative_sample",
+    "autoregressive_sample", "autoregressive_sample_batch", "forward", "init_cache", "load_model", "load_tokenizer",
+    "logits",
+    "speculative_sample", "speculative_sample_batch",
 ]

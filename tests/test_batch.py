@@ -99,3 +99,16 @@ def test_a_batch_larger_than_memory_is_refused_before_allocating():
     check_memory([BIG_DRAFT, BIG_TARGET], 1000, 128, 4, available=10 ** 9)  # 1000 small rows fit in 1 GB
     with pytest.raises(PicospecError, match=r"give at most \d+ prompts at once"):
         check_memory([BIG_DRAFT, BIG_TARGET], 10 ** 6, 128, 4, available=10 ** 9)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_ngram_draft_batches_too(temperature):
+    rows = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5], [7]]  # repeats to look up, and nothing to look up
+    keys = jax.random.split(jax.random.key(0), len(rows))
+    draft = picospec.NGramDraft(3)
+    out, trace = speculative_sample_batch(draft, BIG_TARGET, rows, 20, keys, K=3, temperature=temperature)
+    for b, prompt in enumerate(rows):
+        spec, t = picospec.speculative_sample(draft, BIG_TARGET, prompt, 20, keys[b], K=3, temperature=temperature)
+        np.testing.assert_array_equal(out[b], spec)
+        assert int(trace.n_steps[b]) == int(t.n_steps)
+        np.testing.assert_array_equal(trace.proposed[b], t.proposed)  # the same lookups hit and missed

@@ -231,3 +231,12 @@ def test_bad_prompt_files_are_one_line_exit_2(capsys, tmp_path, case):
 def test_a_missing_prompt_file_is_one_line_exit_2(capsys, tmp_path):
     code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(tmp_path / "nope.txt"))
     assert code == 2 and err.count("\n") == 1 and "cannot read the prompt file" in err and "No such file" in err
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_allocating(capsys, tmp_path, monkeypatch):
+    from picospec import batch
+    monkeypatch.setattr(batch, "available_memory", lambda: 10 ** 6)  # as if 1 MB were free
+    file = tmp_path / "prompts.txt"
+    file.write_text("The quick\n" * 200)
+    code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(file), "--n-tokens", "10")
+    assert code == 2 and err.count("\n") == 1 and "200 prompts need about" in err and "give at most" in err, err

@@ -158,6 +158,50 @@ for name, d in drafts.items():
     print(f" {name:12s} {N_TOKENS / int(trace.n_steps):11.2f} {seconds['autoregressive'] / seconds[name]:8.2f}x  "
           f"{bool((tokens == alone).all())}")'''),
     ("md", """\
+## Many prompts at once: the speedup against batch size
+
+One prompt at a time, a decode step is memory-bound: the target reads all its weights to produce one
+token, and the arithmetic units mostly wait. Scoring K + 1 tokens in that call costs little more than
+one (v(K) is small) because verification uses compute that was idle. A batch of B prompts uses that
+idle compute itself: the one-token call already carries B rows, and verification multiplies them by
+K + 1. So the batch's own verification cost, v_B(K) = time(B × (K+1) tokens) / time(B × 1 token),
+rises towards K + 1 as B grows, and the speedup shrinks towards, then below, 1.
+
+Below, for B = 1…16 ragged prompts (`picospec.speculative_sample_batch`, each row its own key):
+throughput of batched autoregressive and speculative sampling, raced, beside theory's prediction from
+α and this batch size's own c_B and v_B(K), measured the benchmark's way."""),
+    ("code", '''\
+from picospec.tools.bench_batch import batched_forward_time
+
+K_BATCH, N_BATCH, BATCHES = 4, 64, (1, 2, 4, 8, 16)
+table = []
+for B in BATCHES:
+    rows_b = [prompt[:5 + (3 * b) % len(prompt)] for b in range(B)]  # ragged: 5 to 10 tokens
+    keys_b = jax.random.split(jax.random.key(B), B)
+    t, _ = race(rounds=2,
+        ar=lambda: picospec.autoregressive_sample_batch(target, rows_b, N_BATCH, keys_b, temperature=TEMPERATURE).block_until_ready(),
+        spec=lambda: picospec.speculative_sample_batch(draft, target, rows_b, N_BATCH, keys_b, K=K_BATCH, temperature=TEMPERATURE)[0].block_until_ready())
+    _, trace = picospec.speculative_sample_batch(draft, target, rows_b, N_BATCH, keys_b, K=K_BATCH, temperature=TEMPERATURE)
+    a_B = theory.alpha_from_trace(np.concatenate([np.asarray(trace.n_accepted[b, :int(trace.n_steps[b])]) for b in range(B)]), K_BATCH)
+    one = batched_forward_time(target, B, 1)
+    c_B, v_B = batched_forward_time(draft, B, 1) / one, batched_forward_time(target, B, K_BATCH + 1) / one
+    table.append((B, B * N_BATCH / t["ar"], B * N_BATCH / t["spec"], t["ar"] / t["spec"],
+                  float(theory.walltime_improvement(a_B, K_BATCH, c_B, v_B)), a_B, c_B, v_B))
+print("  B   autoregressive tok/s   speculative tok/s   speedup (measured)   prediction      α     c_B   v_B(4)")
+for B, ar, sp, s, pred, a_B, c_B, v_B in table:
+    print(f"{B:3d} {ar:22.0f} {sp:19.0f} {s:19.2f}x {pred:12.2f}x {a_B:6.2f} {c_B:7.3f} {v_B:7.2f}")
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+Bs = [row[0] for row in table]
+axes[0].plot(Bs, [row[3] for row in table], "o-", label="measured")
+axes[0].plot(Bs, [row[4] for row in table], "s--", label="prediction from α, c_B, v_B(K)")
+axes[0].axhline(1, color="gray", lw=0.8); axes[0].set_xscale("log", base=2)
+axes[0].set(xlabel="batch size B", ylabel=f"speedup, K = {K_BATCH}"); axes[0].legend(fontsize=8)
+axes[1].plot(Bs, [row[7] for row in table], "o-", color="tab:red")
+axes[1].axhline(K_BATCH + 1, color="gray", lw=0.8, ls=":"); axes[1].set_xscale("log", base=2)
+axes[1].set(xlabel="batch size B", ylabel=f"v_B({K_BATCH}): verification cost", ylim=(0, K_BATCH + 1.5))
+plt.tight_layout(); plt.show()'''),
+    ("md", """\
 ## Exercises
 
 Predict first, then run.
@@ -165,5 +209,7 @@ Predict first, then run.
 2. Pretend the draft were free (c = 0) in the prediction: how much of the gap to the ideal
    (1 − α^(K+1)) / (1 − α) is the draft's cost, and how much is verification's v(K)?
 3. Switch MODELS to "gpt2" (if the hub or your cache has it): c becomes the time ratio of 124M to 1558M.
-   Is it closer to the parameter ratio (0.08) than the tiny pair's c is to theirs? Why?"""),
+   Is it closer to the parameter ratio (0.08) than the tiny pair's c is to theirs? Why?
+4. In the batch section, at which B does v_B(4) reach half of K + 1? Predict the speedup at B = 64
+   from the trend, then measure it."""),
 ]
