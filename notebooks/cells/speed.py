@@ -173,7 +173,7 @@ throughput of batched autoregressive and speculative sampling, raced, beside the
     ("code", '''\
 from picospec.tools.bench_batch import batched_forward_time
 
-K_BATCH, N_BATCH, BATCHES = 4, 64, (1, 2, 4, 8, 16)
+K_BATCH, N_BATCH, BATCHES = 4, 64, (1, 4, 16)
 table = []
 for B in BATCHES:
     rows_b = [prompt[:5 + (3 * b) % len(prompt)] for b in range(B)]  # ragged: 5 to 10 tokens
