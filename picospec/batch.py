@@ -7,7 +7,8 @@ state unchanged (a select on the loop carry) while the others go on: rows accept
 drafts per iteration, reach n_tokens after different numbers of iterations, or stop at <|endoftext|>.
 
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
-tokens, the same trace. (Only the buffers are padded to the longest row; the padding is never read.)
+tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
+may add in another order). Only the buffers are padded to the longest row; the padding is never read.
 """
 
 from functools import partial
