@@ -13,7 +13,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from conftest import early_exit, random_model
-from picospec.batch import autoregressive_sample_batch, speculative_sample_batch
+from picospec.batch import speculative_sample_batch
 from picospec.sharding import make_mesh, shard_model, shard_rows
 
 target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
@@ -30,14 +30,11 @@ report["c_attn_shard"] = list(attn["c_attn"]["weight"].addressable_shards[0].dat
 report["c_proj_shard"] = list(attn["c_proj"]["weight"].addressable_shards[0].data.shape)  # [C, C / 2]
 for T in (1.0,):  # sampled: a float that moved would move a token, so this is the stricter check
     one, _ = speculative_sample_batch(draft, target, rows, 24, keys, K=3, temperature=T)
-    one_ar = autoregressive_sample_batch(target, rows, 24, keys, temperature=T)
     for n_model in (1, 2):
         mesh = make_mesh(n_model=n_model)
         out, trace = speculative_sample_batch(draft, target, rows, 24, keys, K=3, temperature=T, mesh=mesh)
-        ar = autoregressive_sample_batch(target, rows, 24, keys, temperature=T, mesh=mesh)
         report[f"T={{T}} mesh={{dict(mesh.shape)}}"] = {{
             "speculative_same": bool((np.asarray(out) == np.asarray(one)).all()),
-            "autoregressive_same": bool((np.asarray(ar) == np.asarray(one_ar)).all()),
         }}
 print(json.dumps(report))
 """
@@ -57,4 +54,4 @@ def test_sharded_batches_give_the_one_device_outputs(n_devices):
     assert report.pop("c_attn_shard") == [24, 16] and report.pop("c_proj_shard") == [16, 8]
     assert len(report) == 2  # data parallel alone, and data x model (2-way tensor parallel)
     for name, result in report.items():
-        assert result["speculative_same"] and result["autoregressive_same"], name
+        assert result["speculative_same"], name

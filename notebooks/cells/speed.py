@@ -30,7 +30,9 @@ v = {K: t[f"target {K + 1}"] / t["target 1"] for K in range(1, 9)}
 print(f"one target call {t['target 1'] * 1e3:.2f} ms, one draft call {t['draft'] * 1e3:.3f} ms: c = {c:.3f}")
 print("v(K):", "  ".join(f"{K}: {x:.2f}" for K, x in v.items()))'''),
     ("code", '''\
-TEMPERATURE, SEEDS, N_TOKENS = 0.8, 6, 128
+import os
+QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's smoke run: fewer samples, same code
+TEMPERATURE, SEEDS, N_TOKENS = 0.8, (2 if QUICK else 6), (32 if QUICK else 128)
 PROMPT = "And the LORD spake unto Moses, saying"
 prompt = tokenizer.encode(PROMPT).ids
 keys = [jax.random.key(seed) for seed in range(SEEDS)]
@@ -173,7 +175,7 @@ throughput of batched autoregressive and speculative sampling, raced, beside the
     ("code", '''\
 from picospec.tools.bench_batch import batched_forward_time
 
-K_BATCH, N_BATCH, BATCHES = 4, 64, (1, 4, 16)
+K_BATCH, N_BATCH, BATCHES = 4, 64, ((1, 4) if QUICK else (1, 4, 16))
 table = []
 for B in BATCHES:
     rows_b = [prompt[:5 + (3 * b) % len(prompt)] for b in range(B)]  # ragged: 5 to 10 tokens
