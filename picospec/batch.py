@@ -124,7 +124,8 @@ def available_memory() -> int:
 def check_memory(models, B: int, max_len: int, T: int, available: int | None = None):
     """Refuse, before allocating anything, a batch whose buffers would not fit in memory."""
     available = available_memory() if available is None else available
-    need, per_row = B * memory_per_row(models, max_len, T), memory_per_row(models, max_len, T)
+    per_row = memory_per_row(models, max_len, T)
+    need = B * per_row
     if jax.default_backend() == "cpu" and available and need > 0.8 * available:
         raise PicospecError(f"{B} prompts need about {need / 1e9:.1f} GB for their caches ({per_row / 1e6:.1f} MB "
                             f"a row) but {available / 1e9:.1f} GB is free; give at most "

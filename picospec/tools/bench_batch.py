@@ -58,8 +58,9 @@ def batch_report(name: str, draft: Model, target: Model, folders, K: int, n: int
         trace = speculative_sample_batch(draft, target, prompts, n, keys, K=K, temperature=0)[1]
         alpha = theory.alpha_from_trace(jnp.concatenate([trace.n_accepted[b, :int(trace.n_steps[b])]
                                                          for b in range(B)]), K)
-        v = batched_forward_time(target, B, K + 1) / batched_forward_time(target, B, 1)
-        c = batched_forward_time(draft, B, 1) / batched_forward_time(target, B, 1)
+        one_token = batched_forward_time(target, B, 1)  # timed once, shared by v and c
+        v = batched_forward_time(target, B, K + 1) / one_token
+        c = batched_forward_time(draft, B, 1) / one_token
         row = {"B": B, "alpha": float(alpha), "c": c, "v": v,
                "predicted_speedup": float(theory.walltime_improvement(alpha, K, c, v))}
         for name_, seconds in t.items():
