@@ -6,6 +6,11 @@ batches them. A batched `lax.while_loop` runs until every row is finished and ho
 state unchanged (a select on the loop carry) while the others go on: rows accept different numbers of
 drafts per iteration, reach n_tokens after different numbers of iterations, or stop at <|endoftext|>.
 
+Written as a vmap, the batch is already "hand-batched" where it matters: every weight product of the
+forward becomes one product over all B x T rows (one GEMM per weight in the jaxpr, not B of them); the
+cache writes become scatters, because each row writes at its own position, as a hand-batched forward
+with ragged rows would have to do too.
+
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
 may add in another order). Only the buffers are padded to the longest row; the padding is never read.

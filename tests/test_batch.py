@@ -112,3 +112,30 @@ def test_the_ngram_draft_batches_too(temperature):
         n = int(t.n_steps)
         assert int(trace.n_steps[b]) == n
         np.testing.assert_array_equal(trace.proposed[b][:n], t.proposed[:n])  # the same lookups hit and missed
+
+
+def products(fn, *args) -> int:
+    """The dot_general operations fn runs, counted at every call site of every nested jaxpr."""
+    def count(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == "dot_general"
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", param)
+                n += count(inner) if hasattr(inner, "eqns") else 0
+        return n
+    return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def test_the_batch_multiplies_each_weight_once_for_all_rows():
+    """vmap batches the products themselves: a batch of 4 rows runs exactly the single row's
+    products (each over 4x the rows), where a loop over rows would run 4x as many."""
+    from picospec.gpt2 import forward, init_cache
+    model = BIG_TARGET
+    row = lambda tokens, cache: forward(model.params, tokens, cache, model.config)[0]  # noqa: E731
+    cache = init_cache(model.config, 64, np.float32)
+    tokens, caches = np.zeros((4, 5), np.int32), jax.tree_util.tree_map(lambda x: np.stack([x] * 4), cache)
+    one = products(row, tokens[0], cache)
+    assert one > 0 and products(jax.vmap(row), tokens, caches) == one
+    looped = lambda t, c: [row(t[b], jax.tree_util.tree_map(lambda x: x[b], c)) for b in range(4)]  # noqa: E731
+    assert products(looped, tokens, caches) == 4 * one  # the control: row by row counts 4x

@@ -54,9 +54,10 @@ The first token after the same prompt, drawn 10,000 times by speculative samplin
 over keys), beside q and p. The tests (tests/test_speculative.py) check the same for the joint law of
 three tokens, with chi-square tests and controls that a wrong sampler fails."""),
     ("code", '''\
+import os
 from scipy.stats import chisquare
 
-N = 10_000
+N = 2_000 if os.environ.get("PICOSPEC_NOTEBOOK_QUICK") else 10_000  # the test suite's smoke run draws fewer
 keys = jax.random.split(jax.random.key(0), N)
 first = jax.vmap(lambda k: picospec.speculative_sample(draft, target, prompt, 1, k, K=4, top_k=TOP_K)[0][0])(keys)
 counts = np.bincount(np.asarray(first), minlength=q.size)
