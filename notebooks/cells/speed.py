@@ -93,9 +93,9 @@ print(f"theory's best K for this α, c and v(K): {max(rows, key=lambda r: r['spe
 On the bundled pair, in float32, these speedups are below 1, and theory says why: its target (3.1M
 parameters) fits in the CPU's cache, so a call costs its per-operation overhead, and scoring K + 1
 tokens costs several calls instead of about one (v(K) above). For GPT-2 1558M, v(K) is 1.1–1.2 for
-K ≤ 4, and the same formula predicts about 1.8× (the README's benchmark). The prediction is a fit-free check of
-the model of cost: where it misses, the loop's own work (sampling, the verification arithmetic) is
-what theory leaves out.
+K ≤ 4, and the same formula predicts about 1.8× (the README's benchmark). The prediction is a
+fit-free check of the model of cost: where it misses, the loop's own work (sampling, the verification
+arithmetic) is what theory leaves out.
 
 """),
     ("md", """\
