@@ -73,7 +73,7 @@ for r in rows:
           f"{r['speedup']:17.2f}x {r['speedup_predicted']:10.2f}x {r['speedup'] / r['speedup_predicted']:12.2f}")
 worst = max(abs(r["speedup"] / r["speedup_predicted"] - 1) for r in rows)
 print(f"\\nautoregressive: {SEEDS * N_TOKENS / seconds['autoregressive']:.0f} tokens/s; "
-      f"the prediction is off by at most {worst:.0%} over the {len(KS)} values of K above")'''),
+      f"the prediction is off by at most {worst:.0%} over K = {KS[0]}..{KS[-1]}")'''),
     ("code", '''\
 import matplotlib.pyplot as plt
 
