@@ -178,7 +178,7 @@ def main(argv=None):
     else:
         log("training the target")
         target = as_stored(train(TARGET, train_tokens, args.target_steps, args.seed, TARGET_LR, log=log))
-        save_checkpoint(target, tokenizer, args.out / "tiny-target", STORED)  # now: --target-from can reuse it
+    save_checkpoint(target, tokenizer, args.out / "tiny-target", STORED)  # now, so --target-from can reuse it
     drafts = {}
     if args.drafts in ("both", "text"):
         log("training a draft on the text")
@@ -208,7 +208,6 @@ def main(argv=None):
     kept = max(drafts, key=score)
     report["kept_draft"] = kept
     report["train_seconds"] = round(time.time() - t0)
-    save_checkpoint(target, tokenizer, args.out / "tiny-target", STORED)
     save_checkpoint(drafts[kept], tokenizer, args.out / "tiny-draft", STORED)
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     write_heldout_sample(held_text, args.out / "heldout_sample.txt")
