@@ -2,11 +2,15 @@
 
 import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from conftest import DATA
+from conftest import DATA, random_model
 
+from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
+from picospec.tools.timing import _iteration_calls
 
 
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
@@ -28,6 +32,7 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
         assert all(v > 0 for v in pair_report["v"].values()) and pair_report["c"] > 0
         for row in pair_report["rows"]:
             assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1
+            assert row["calls_cost"] > 0 and row["predicted_speedup_alternating"] > 0
     [batch] = report["batch"]
     assert [r["B"] for r in batch["rows"]] == [2]
     for row in batch["rows"]:
@@ -50,3 +55,22 @@ def test_real_gpt2_prediction_gives_back_jaymodys_speedup_at_his_costs():
     [row] = prediction["rows"]  # with an iteration that costs two autoregressive steps, half his tokens/s
     assert row["from_iteration_cost"] == pytest.approx(row["tokens_per_call"] / 2.0)
     assert prediction["theory_by_K"][8] < prediction["theory_by_K"][K]  # a costly v(8) shows
+
+
+def test_the_timed_iteration_makes_K_draft_calls_then_one_target_call_and_rolls_both_back():
+    draft, target, K = random_model(seed=1, vocab_size=16), random_model(seed=2, vocab_size=16), 3
+
+    def prefilled(m):  # 5 positions cached (forward donates its cache: a fresh one each time)
+        return forward(m.params, jnp.arange(5) % 16, init_cache(m.config, 32), m.config)[1]
+
+    def by_hand(token):  # one iteration, written out: greedy drafts, then the target over all of them
+        cache, block = prefilled(draft), [token]
+        for _ in range(K):
+            logits, cache = forward(draft.params, jnp.array([block[-1]]), cache, draft.config)
+            block.append(int(jnp.argmax(logits[-1])))
+        logits, _ = forward(target.params, jnp.array(block), prefilled(target), target.config)
+        return int(jnp.argmax(logits[-1]))
+
+    # Rolled back, every iteration starts from the same caches: n iterations chain n hand-made ones.
+    got = _iteration_calls(draft, target, K, jnp.int32(2), prefilled(draft), prefilled(target))
+    np.testing.assert_array_equal(got, [by_hand(by_hand(0))])

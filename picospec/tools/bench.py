@@ -98,8 +98,8 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
     else:
         draft = load_model(draft_name, dtype)
     calls = {f"target T={K + 1}": (target, K + 1) for K in sorted({0} | set(Ks) | set(vKs))}
-    if draft_name != "ngram":
-        calls["draft T=1"] = (draft, 1)
+    if draft_name != "ngram":  # and the iteration's calls as they alternate (the n-gram draft makes none)
+        calls |= {"draft T=1": (draft, 1), **{f"iteration K={K}": (draft, target, K) for K in Ks}}
     t = forward_times(calls)
     c = t["draft T=1"] / t["target T=1"] if draft_name != "ngram" else 0.0
     v = {K: t[f"target T={K + 1}"] / t["target T=1"] for K in sorted(set(Ks) | set(vKs))}
@@ -107,6 +107,9 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
     for K in Ks:
         row = speculative_vs_autoregressive(draft, target, prompt, K, n)
         row["predicted_speedup"] = float(theory.walltime_improvement(row["alpha"], K, c, v[K]))
+        # The same formula with K c + v(K) measured as the calls alternate, not one model at a time.
+        row["calls_cost"] = t[f"iteration K={K}"] / t["target T=1"] if draft_name != "ngram" else v[K]
+        row["predicted_speedup_alternating"] = float(theory.expected_tokens_per_call(row["alpha"], K) / row["calls_cost"])
         if with_transformers and dtype == "float32":  # assisted generation is compared in float32
             folders = [str(checkpoint_file(m, "config.json").parent) for m in (draft_name, target_name)]
             row["transformers_assisted"] = transformers_assisted(*folders, prompt, K, n)

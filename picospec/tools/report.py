@@ -29,12 +29,13 @@ def markdown(report: dict) -> str:
     for p in report["pairs"]:
         lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
                   + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
-                  "| K | alpha | tokens/call | picospec speedup | theory | transformers assisted speedup |",
-                  "|---|---|---|---|---|---|"]
+                  "| K | alpha | tokens/call | picospec speedup | theory | theory, calls alternating | "
+                  "transformers assisted speedup |", "|---|---|---|---|---|---|---|"]
         for r in p["rows"]:
             hf = r.get("transformers_assisted")
             lines.append(f"| {r['K']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | "
-                         f"{r['predicted_speedup']:.2f}x | {times(hf and hf['speedup'])} |")
+                         f"{r['predicted_speedup']:.2f}x | {r['predicted_speedup_alternating']:.2f}x | "
+                         f"{times(hf and hf['speedup'])} |")
         if real := p.get("real_gpt2_prediction"):
             lines += ["", f"Real GPT-2 124M -> 1558M, predicted ({p['dtype']}): alpha = {real['alpha']:.3f}, implied by "
                       "jaymody's published 2.23x at K = 4; theory for K = 1..8: "

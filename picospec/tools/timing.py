@@ -55,17 +55,46 @@ def _forward_calls(model: Model, T: int, calls, cache: KVCache):
     return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
 
 
+@partial(jax.jit, static_argnames=("K",))
+def _iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KVCache, target_cache: KVCache):
+    """`calls` speculative iterations' forward calls and nothing else, as one compiled loop: K one-token
+    draft calls, each feeding the previous argmax, then one (K+1)-token target call; then both caches
+    roll back. No sampling, no verification arithmetic: only the calls theory counts, as they alternate."""
+    def draft_call(carry, _):
+        token, cache = carry
+        logits, cache = forward(draft.params, token, cache, draft.config)  # [1, V]
+        token = jnp.argmax(logits, -1).astype(jnp.int32)
+        return (token, cache), token[0]
+
+    def iteration(_, carry):
+        token, draft_cache, target_cache = carry
+        (_, draft_cache), drafted = jax.lax.scan(draft_call, (token, draft_cache), length=K)  # [K]
+        logits, target_cache = forward(target.params, jnp.concatenate([token, drafted]), target_cache, target.config)
+        return (jnp.argmax(logits[-1:], -1).astype(jnp.int32), draft_cache._replace(length=draft_cache.length - K),
+                target_cache._replace(length=target_cache.length - K - 1))
+    return jax.lax.fori_loop(0, calls, iteration, (jnp.zeros(1, jnp.int32), draft_cache, target_cache))[0]
+
+
 def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
-    cached positions. Each is timed as n calls in one compiled loop, n doubled until they take
-    `min_seconds` (a tiny model's call is tens of microseconds), and all are raced together, so a
-    slow spell hits both sides of v(K) and c alike."""
-    runs, n_calls = {}, {}
-    for name, (model, T) in calls.items():
+    cached positions; or (draft, target, K), one iteration's calls (see _iteration_calls). Each is
+    timed as n calls in one compiled loop, n doubled until they take `min_seconds` (a tiny model's
+    call is tens of microseconds), and all are raced together, so a slow spell hits both sides of
+    v(K) and c alike."""
+    def cached(model):
         dtype = model.params["wte"]["weight"].dtype
-        _, cache = forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)
-        run = lambda n, model=model, T=T, cache=cache: lambda: _forward_calls(  # noqa: E731
-            model, T, jnp.int32(n), cache).block_until_ready()
+        return forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)[1]
+
+    runs, n_calls = {}, {}
+    for name, call in calls.items():
+        if len(call) == 2:
+            model, T = call
+            run = lambda n, model=model, T=T, cache=cached(model): lambda: _forward_calls(  # noqa: E731
+                model, T, jnp.int32(n), cache).block_until_ready()
+        else:
+            draft, target, K = call
+            run = lambda n, draft=draft, target=target, K=K, caches=(cached(draft), cached(target)): lambda: (  # noqa: E731
+                _iteration_calls(draft, target, K, jnp.int32(n), *caches).block_until_ready())
         n = 4
         while best(run(n), rounds=1) < min_seconds:
             n *= 2
