@@ -57,7 +57,8 @@ class Trace(NamedTuple):
 class SpecState(NamedTuple):
     tokens: jax.Array  # int32 [L]: tokens[:n] is the sequence; later slots are scratch
     n: jax.Array  # int32 []: the sequence length
-    draft_cache: KVCache | None  # positions [0, n - 1); None for the n-gram draft
+    draft_cache: KVCache | None  # positions [0, n - 1), or [0, n - 2) after a full accept (see propose);
+    #                             None for the n-gram draft
     target_cache: KVCache  # positions [0, n - 1)
     key: jax.Array  # the key the next iteration splits
     done: jax.Array  # bool []: <|endoftext|> was generated (only when stopping at it)
@@ -67,24 +68,28 @@ class SpecState(NamedTuple):
 def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Sampling):
     """Step 1: the draft samples K tokens after tokens[:n], one forward call each.
 
-    The first call feeds x[n-1], each later one the token just drafted; a last call feeds d_{K-1} too,
-    so that the draft's cache holds every drafted token and verification only ever rolls it back.
-    (Without it, after a full accept the draft would never have seen d_{K-1}: the next iteration would
-    start with a two-token call, which costs twice a one-token call on a CPU.)
-    Returns drafted int32 [K], p float32 [K, V], and the cache holding positions [0, n + K).
+    After a full accept the draft never saw the last accepted token, so its cache may lag one behind
+    (length m = n - 2 instead of n - 1). The first call therefore feeds two tokens from position m:
+    (x[n-2], x[n-1]) when lagging, else (x[n-1], a scratch slot that stays beyond the length).
+    Returns drafted int32 [K], p float32 [K, V], and the cache holding positions [0, n + K - 1): the
+    sequence and d_0..d_{K-2} (d_{K-1} is not fed).
     """
     keys, greedy = jax.random.split(key, K), sampling.temperature == 0
+    m = cache.length
+    logits, cache = forward(draft.params, jax.lax.dynamic_slice(tokens, (m,), (2,)), cache, draft.config)
+    p_first = logits_to_probs(logits[n - 1 - m], sampling)  # [V] the row after x[n-1]
+    cache = cache._replace(length=n)  # drop the scratch slot, if it was written
 
-    def draft_step(carry, key_i):  # feed the newest token, sample the next one from p[i]
-        cache, newest = carry
-        logits, cache = forward(draft.params, newest[None], cache, draft.config)  # [1, V]
-        p_i = logits_to_probs(logits[0], sampling)  # [V]
-        d_i = sample(key_i, p_i, greedy)
-        return (cache, d_i), (d_i, p_i)
+    def draft_step(carry, key_i):  # feed the previous draft token, sample the next
+        cache, p_prev, _ = carry
+        token = sample(key_i, p_prev, greedy)
+        logits, cache = forward(draft.params, token[None], cache, draft.config)  # [1, V]
+        return (cache, logits_to_probs(logits[0], sampling), token), (token, p_prev)
 
-    (cache, last), (drafted, p) = jax.lax.scan(draft_step, (cache, tokens[n - 1]), keys)
-    _, cache = forward(draft.params, last[None], cache, draft.config)  # feed d_{K-1}: the cache keeps up
-    return drafted, p, cache
+    init = (cache, p_first, jnp.int32(0))
+    (cache, p_last, _), (drafted, p) = jax.lax.scan(draft_step, init, keys[:K - 1])
+    last = sample(keys[K - 1], p_last, greedy)  # d_{K-1} is sampled but not fed: it may be rejected
+    return jnp.concatenate([drafted, last[None]]), jnp.concatenate([p, p_last[None]]), cache
 
 
 def score(target: Model, tokens, n, drafted, cache: KVCache, sampling: Sampling):
@@ -148,8 +153,8 @@ def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, s
     n_new = n + a + 1
     target_cache = target_cache._replace(length=n_new - 1)
     draft_cache = state.draft_cache
-    if draft_cache is not None:  # it holds every draft (see propose): roll it back like the target's
-        draft_cache = draft_cache._replace(length=n_new - 1)
+    if draft_cache is not None:
+        draft_cache = draft_cache._replace(length=jnp.minimum(draft_cache.length, n_new - 1))
     done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
     trace = record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, True)
     return SpecState(tokens, n_new, draft_cache, target_cache, state.key, done, trace)
