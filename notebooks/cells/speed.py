@@ -105,8 +105,10 @@ print(f"theory's best K for this α, c and v(K): {max(rows, key=lambda r: r['spe
 On the bundled pair, in float32, speculative sampling beats autoregressive decoding, but by less than
 the first prediction, and the two predictions say why. Timed alone, each call runs in a loop of its
 own; timed alternating, a draft call and a target call cost more together than apart (on this 2-core
-CPU the sum comes out 20–60% higher for K ≥ 2: a cost of the machine and XLA's runtime, not of the
-algorithm, since the same calls run in both loops). With the costs measured as they alternate, the
+CPU the sum comes out 20–60% higher for K ≥ 2). That is the machine's cache, not the algorithm, since
+the same calls run in both loops: alone, the draft's 9 MB of weights stay in the 32 MB L3 cache; in
+turn, the target's 46 MB stream through it on every call, and the draft's weights come from memory
+again each iteration (the README's `benchmarks/alternation.py` measures it, with controls). With the costs measured as they alternate, the
 prediction comes close to the measurement; what is left is the loop's own work (sampling, the
 verification arithmetic, the bookkeeping), which neither prediction counts. On GPT-2 124M → 1558M,
 whose calls stream their weights from memory, the loop costs no more than its calls timed alone (in
