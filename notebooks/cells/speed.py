@@ -108,9 +108,10 @@ own; timed alternating, a draft call and a target call cost more together than a
 CPU the sum comes out 20–60% higher for K ≥ 2). That is the machine's cache, not the algorithm, since
 the same calls run in both loops: alone, the draft's 9 MB of weights stay in the 32 MB L3 cache; in
 turn, the target's 46 MB stream through it on every call, and the draft's weights come from memory
-again each iteration (the README's `benchmarks/alternation.py` measures it, with controls). With the costs measured as they alternate, the
-prediction comes close to the measurement; what is left is the loop's own work (sampling, the
-verification arithmetic, the bookkeeping), which neither prediction counts. On GPT-2 124M → 1558M,
+again each iteration (`benchmarks/alternation.py` measures it, with controls). With the costs
+measured as they alternate, the prediction comes close to the measurement; what is left is the loop's
+own work (the draft's first call of each iteration feeding two tokens, sampling, the verification
+arithmetic, the bookkeeping), which neither prediction counts. On GPT-2 124M → 1558M,
 whose calls stream their weights from memory, the loop costs no more than its calls timed alone (in
 two runs the calls-alone prediction came within 6%, then 6–21% *under* the measured speedup), and it
 predicts about 1.6–1.9× (the README's benchmark). Both predictions are fit-free: where one misses, it says
