@@ -77,16 +77,15 @@ def output_shapes(hlo: str) -> dict:
 
 
 def group(name: str, shape: str, C: int, weights: dict) -> str:
-    dims = [int(d) for d in re.findall(r"\d+", shape.split("]")[0].split("[")[-1])] if "[" in shape else []
+    """Which group an executed operation (its name, and 'f32[...] opcode' from output_shapes) is in."""
     if "dynamic-update-slice" in name:
         return "cache writes"
-    if len(dims) == 2 and dims[0] in weights and ("dot" in shape or "fusion" in shape):
-        return weights[dims[0]]
-    if len(dims) == 2 and dims[0] == C and ("dot" in shape or "fusion" in shape) and dims[1] <= 16:
-        return "c_proj"  # attention's output projection and the MLP's, both [C, rows]
-    if len(dims) == 3 and ("dot" in shape or name.startswith("ynn_fusion")):
+    if not name.startswith(("dot", "ynn_fusion")):  # XLA's own products, and the GEMM library's
+        return "other"
+    dims = [int(d) for d in re.findall(r"\d+", shape.partition("[")[2].partition("]")[0])]
+    if len(dims) == 3:
         return "attention"  # [H, T, S] scores, [H, T, D] values
-    return "other"
+    return weights.get(dims[0], "c_proj" if dims[0] == C else "other")  # [out, rows]; both c_proj are [C, rows]
 
 
 if __name__ == "__main__":
