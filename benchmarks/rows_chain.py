@@ -8,7 +8,8 @@ the chain's fastest of 5 interleaved rounds, its ratio to one row, and the FLOP 
 """
 
 import sys
-import time
+
+from picospec.tools.timing import race
 
 C, LAYERS, ROWS = 1600, 12, [1, 2, 4, 5, 8, 9, 16]
 SHAPES = [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)]  # [out, in]: c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
@@ -49,14 +50,8 @@ def chain_torch():
 def main():
     library = "torch" if "--torch" in sys.argv else "jax"
     n_weights, run = chain_torch() if library == "torch" else chain_jax()
-    best = {T: float("inf") for T in ROWS}
-    for T in ROWS:
-        run(T)  # compile / warm up
-    for _ in range(5):
-        for T in ROWS:
-            t0 = time.perf_counter()
-            run(T)
-            best[T] = min(best[T], time.perf_counter() - t0)
+    seconds, _ = race(5, **{f"{T} rows": lambda T=T: run(T) for T in ROWS})  # warm-up, then 5 rounds in turn
+    best = {T: seconds[f"{T} rows"] for T in ROWS}
     print(f"{library}: 12 layers of 1558M-shaped float32 products, {n_weights * 4 / 1e9:.2f} GB")
     for T in ROWS:
         print(f"  {T:2d} rows: {best[T] * 1e3:6.1f} ms, {best[T] / best[1]:.2f}x one row, "
