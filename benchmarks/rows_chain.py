@@ -28,6 +28,8 @@ def chain_jax():
         h = {C: x, 4 * C: jnp.tile(x, (1, 4))}
         for w in weights:
             h[w.shape[0]] = matmul(h[w.shape[1]], w)
+            if w.shape[0] == 3 * C:  # fold c_attn's output in: a product nothing reads is compiled away
+                h[C] = h[C] + h[3 * C].reshape(-1, 3, C).sum(1)
         return h[C]
     inputs = {T: jax.random.normal(key, (T, C)) for T in ROWS}
     return sum(w.size for w in weights), lambda T: run(weights, inputs[T]).block_until_ready()
@@ -44,6 +46,8 @@ def chain_torch():
             h = {C: inputs[T], 4 * C: inputs[T].repeat(1, 4)}
             for w in weights:
                 h[w.shape[0]] = torch.nn.functional.linear(h[w.shape[1]], w)
+                if w.shape[0] == 3 * C:  # the same sum as the JAX chain's
+                    h[C] = h[C] + h[3 * C].reshape(-1, 3, C).sum(1)
     return sum(w.numel() for w in weights), run
 
 
