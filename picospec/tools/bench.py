@@ -27,7 +27,7 @@ from huggingface_hub import try_to_load_from_cache
 from picospec import theory
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
-from picospec.sampling import autoregressive_sample
+from picospec.sampling import autoregressive_sample, buffers
 from picospec.speculative import speculative_sample
 from picospec.tools.bench_batch import batch_report
 from picospec.tools.reference import transformers_assisted, transformers_decode
@@ -100,7 +100,7 @@ def pair_report(name, draft_name, target_name, prompt, Ks, vKs, n, with_transfor
     calls = {f"target T={K + 1}": (target, K + 1) for K in sorted({0} | set(Ks) | set(vKs))}
     if draft_name != "ngram":  # and the iteration's calls as they alternate (the n-gram draft makes none)
         calls |= {"draft T=1": (draft, 1), **{f"iteration K={K}": (draft, target, K) for K in Ks}}
-    t = forward_times(calls)
+    t = forward_times(calls, capacity=buffers(prompt, n, max(Ks, default=1), target.config)[2])  # as the runs below
     c = t["draft T=1"] / t["target T=1"] if draft_name != "ngram" else 0.0
     v = {K: t[f"target T={K + 1}"] / t["target T=1"] for K in sorted(set(Ks) | set(vKs))}
     rows = []

@@ -75,15 +75,19 @@ def _iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KV
     return jax.lax.fori_loop(0, calls, iteration, (jnp.zeros(1, jnp.int32), draft_cache, target_cache))[0]
 
 
-def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
+def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
-    cached positions; or (draft, target, K), one iteration's calls (see _iteration_calls). Each is
-    timed as n calls in one compiled loop, n doubled until they take `min_seconds` (a tiny model's
-    call is tens of microseconds), and all are raced together, so a slow spell hits both sides of
-    v(K) and c alike."""
+    cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
+    (see _iteration_calls). The caches have `capacity` slots: pass the capacity the runs being
+    predicted use (sampling.buffers), since attention reads every slot (the bundled target's one-token call costs ~20% more at 256 than at 128).
+    Each is timed as n calls in one compiled loop, n doubled until they take `min_seconds` (a tiny
+    model's call is tens of microseconds), and all are raced together, so a slow spell hits both sides
+    of v(K) and c alike. `others`, {name: function}, are raced in the same rounds (the runs these
+    times predict, say); their entries are seconds per call of the function."""
     def cached(model):
         dtype = model.params["wte"]["weight"].dtype
-        return forward(model.params, jnp.zeros(32, jnp.int32), init_cache(model.config, 128, dtype), model.config)[1]
+        filled = jnp.zeros(max(1, min(32, capacity - 16)), jnp.int32)  # leaves room for 15-16 tokens a call
+        return forward(model.params, filled, init_cache(model.config, capacity, dtype), model.config)[1]
 
     runs, n_calls = {}, {}
     for name, call in calls.items():
@@ -99,8 +103,9 @@ def forward_times(calls: dict, min_seconds=0.25, rounds=5) -> dict:
         while best(run(n), rounds=1) < min_seconds:
             n *= 2
         runs[name], n_calls[name] = run(n), n
-    t, _ = race(rounds, **runs)
-    return {name: t[name] / n_calls[name] for name in calls}
+    others = others or {}
+    t, _ = race(rounds, **runs, **others)
+    return {name: t[name] / n_calls[name] for name in calls} | {name: t[name] for name in others}
 
 
 FIRST_TOKEN = """
