@@ -78,12 +78,13 @@ def _iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KV
 def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
     cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
-    (see _iteration_calls). The caches have `capacity` slots: pass the capacity the runs being
-    predicted use (sampling.buffers), since attention reads every slot (the bundled target's one-token call costs ~20% more at 256 than at 128).
-    Each is timed as n calls in one compiled loop, n doubled until they take `min_seconds` (a tiny
-    model's call is tens of microseconds), and all are raced together, so a slow spell hits both sides
-    of v(K) and c alike. `others`, {name: function}, are raced in the same rounds (the runs these
-    times predict, say); their entries are seconds per call of the function."""
+    (see _iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
+    predicted (sampling.buffers), since attention reads every slot (the bundled target's one-token
+    call costs ~20% more with 256 than with 128). Each is timed as n calls in one compiled loop, n
+    doubled until they take `min_seconds` (a tiny model's call is tens of microseconds), and all are
+    raced together, so a slow spell hits both sides of v(K) and c alike. `others`, {name: function},
+    are raced in the same rounds (the runs these times predict, say); their entries are seconds per
+    call of the function."""
     def cached(model):
         dtype = model.params["wte"]["weight"].dtype
         filled = jnp.zeros(max(1, min(32, capacity - 16)), jnp.int32)  # leaves room for 15-16 tokens a call
