@@ -58,9 +58,7 @@ v = {K: t[f"target {K + 1}"] / t["target 1"] for K in KS}
 in_place = {K: t[f"iteration {K}"] / t["target 1"] for K in KS}  # K c + v(K), the calls alternating
 print(f"one target call {t['target 1'] * 1e3:.2f} ms, one draft call {t['draft'] * 1e3:.3f} ms: c = {c:.3f} "
       f"(caches of {capacity} slots); a two-token draft call {t['draft 2'] * 1e3:.3f} ms")
-print("v(K):", "  ".join(f"{K}: {x:.2f}" for K, x in v.items()))
-print("K c + v(K), each call alone:  ", "  ".join(f"{K}: {K * c + v[K]:.2f}" for K in KS))
-print("K c + v(K), calls alternating:", "  ".join(f"{K}: {x:.2f}" for K, x in in_place.items()))'''),
+print("v(K):", "  ".join(f"{K}: {x:.2f}" for K, x in v.items()))'''),
     ("code", '''\
 def speculative(K):
     return [picospec.speculative_sample(draft, target, prompt, N_TOKENS, k, K=K, temperature=TEMPERATURE) for k in keys]
