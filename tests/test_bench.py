@@ -1,6 +1,7 @@
 """The benchmark runs end to end on tiny models (it asserts no timing: benchmarks are not tests)."""
 
 import json
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +11,7 @@ from conftest import DATA, random_model
 
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
-from picospec.tools.timing import _iteration_calls
+from picospec.tools.timing import _iteration_calls, forward_times
 
 
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
@@ -74,3 +75,17 @@ def test_the_timed_iteration_makes_K_draft_calls_then_one_target_call_and_rolls_
     # Rolled back, every iteration starts from the same caches: n iterations chain n hand-made ones.
     got = _iteration_calls(draft, target, K, jnp.int32(2), prefilled(draft), prefilled(target))
     np.testing.assert_array_equal(got, [by_hand(by_hand(0))])
+
+
+def test_forward_times_races_the_runs_it_predicts_in_the_same_rounds():
+    model, calls_made = random_model(seed=3, vocab_size=16), []
+
+    def run():  # a stand-in for a sampler run: 10 ms, counted
+        calls_made.append(1)
+        time.sleep(0.01)
+    t = forward_times({"one token": (model, 1), "five tokens": (model, 5)}, capacity=32,
+                      others={"run": run}, min_seconds=0.001, rounds=3)
+    assert set(t) == {"one token", "five tokens", "run"}
+    assert len(calls_made) == 1 + 3  # the warm-up call, then one call each round
+    assert t["run"] >= 0.01  # a whole call of `run`, not divided like a forward call's loop
+    assert t["one token"] > 0 and t["five tokens"] > 0
