@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import DATA
@@ -142,6 +143,18 @@ def test_bad_checkpoints_are_one_line_exit_2(capsys, tmp_path, kind, message):
         ["--draft", str(DATA / "tiny-hub"), "--target", bad]
     code, _, err = run_cli(capsys, *argv)
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_cheap_problems_are_reported_before_any_weights_load(capsys, tmp_path):
+    # The target's weights are damaged too: an error about them would mean they were read first
+    # (gpt2-xl's take tens of seconds to load before such a message).
+    target = Path(bad_checkpoint(tmp_path, "corrupt"))
+    (target / "tokenizer.json").unlink()
+    code, _, err = run_cli(capsys, "--draft", str(DATA / "tiny-hub"), "--target", str(target))
+    assert code == 2 and "tokenizer.json is missing" in err, err
+    damaged = bad_checkpoint(tmp_path / "2", "corrupt")
+    code, _, err = run_cli(capsys, "--draft", "./nowhere/draft", "--target", damaged)
+    assert code == 2 and "no folder './nowhere/draft'" in err, err
 
 
 def test_no_network_says_to_go_offline_or_use_a_folder(tmp_path):

@@ -15,7 +15,7 @@ from picospec.tools.batch_cli import read_prompts, run_batch
 from picospec.tools.display import extra_kind
 from picospec.tools.jit_cache import use_persistent_cache
 from picospec.tools.stream import Timing, stream_autoregressive, stream_speculative
-from picospec.tools.weights import DTYPES, eos_token_id, load_model, load_tokenizer
+from picospec.tools.weights import DTYPES, check_tokenizer, checkpoint_file, eos_token_id, load_model, load_tokenizer
 
 COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
 
@@ -114,14 +114,16 @@ def main(argv=None):
             if value < 1:
                 raise PicospecError(f"{name} must be >= 1, got {value}")
         texts = read_prompts(args)
+        # The cheap checks first, before any weights load (gpt2-xl's take tens of seconds): the target's
+        # tokenizer reads, and the draft's name resolves.
+        tokenizer = load_tokenizer(args.target)
+        draft_is_model = args.mode != "autoregressive" and args.draft != "ngram"
+        if draft_is_model:
+            checkpoint_file(args.draft, "config.json")
+        ngram = NGramDraft(args.ngram_max) if args.mode != "autoregressive" and args.draft == "ngram" else None
         target = load_model(args.target, args.dtype)
-        tokenizer = load_tokenizer(args.target, target)
-        if args.mode == "autoregressive":
-            draft = None
-        elif args.draft == "ngram":
-            draft = NGramDraft(args.ngram_max)
-        else:
-            draft = load_model(args.draft, args.dtype)
+        check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
+        draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
         if draft is not None:
             check_pair(draft, target, args.K)
         if len(texts) > 1 or args.prompt_file:

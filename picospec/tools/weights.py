@@ -134,10 +134,16 @@ def load_tokenizer(name_or_path: str, model: Model | None = None) -> Tokenizer:
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
         raise PicospecError(f"{path} is not a valid tokenizer.json ({first_line(e)}); "
                             "download it again") from None
-    if model is not None and tokenizer.get_vocab_size() > model.config.vocab_size:
+    if model is not None:
+        check_tokenizer(tokenizer, model, path)
+    return tokenizer
+
+
+def check_tokenizer(tokenizer: Tokenizer, model: Model, path):
+    """A tokenizer must not produce ids the model has no embedding for."""
+    if tokenizer.get_vocab_size() > model.config.vocab_size:
         raise PicospecError(f"{path} has {tokenizer.get_vocab_size()} tokens but the model's vocabulary has "
                             f"{model.config.vocab_size}: pick the tokenizer.json that came with the model")
-    return tokenizer
 
 
 def eos_token_id(model: Model, tokenizer: Tokenizer) -> int | None:
