@@ -40,34 +40,45 @@ def main():
         tokens = jnp.zeros(T, jnp.int32)
         cache = forward(params, jnp.zeros(32, jnp.int32), init_cache(config, 128), config)[1]
         shapes = output_shapes(forward.lower(params, tokens, cache, config).compile().as_text())
+        state = {"cache": cache}
+
+        def call():  # one forward call of T tokens; the cache (donated) rolls back after it
+            logits, cache = forward(params, tokens, state["cache"], config)
+            state["cache"] = cache._replace(length=cache.length - T)
+            logits.block_until_ready()
         for _ in range(3):  # warm up: the first calls prepare the kernel library
-            logits, cache = forward(params, tokens, cache, config)
-            cache = cache._replace(length=cache.length - T)
-        logits.block_until_ready()
-        with tempfile.TemporaryDirectory() as folder:
-            jax.profiler.start_trace(folder)
-            t0 = time.perf_counter()
-            for _ in range(5):
-                logits, cache = forward(params, tokens, cache, config)
-                cache = cache._replace(length=cache.length - T)
-                logits.block_until_ready()
-            wall = (time.perf_counter() - t0) / 5
-            jax.profiler.stop_trace()
-            trace = ProfileData.from_file(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
+            call()
+        wall, ops = traced_ops(call)
         groups = collections.Counter()
-        for plane in trace.planes:
-            for line in plane.lines:
-                if not re.match(r"tf_XLA(Eigen|PjRtCpuClient)", line.name):
-                    continue
-                for event in line.events:
-                    if not event.name.startswith(("ThunkExecutor", "end:")):
-                        groups[group(event.name, shapes.get(event.name, ""), C, weights)] += event.duration_ns / 5e6
+        for name, seconds in ops.items():
+            groups[group(name, shapes.get(name, ""), C, weights)] += seconds * 1e3
         total = sum(groups.values())
         print(f"{T:3d} {wall * 1e3:8.1f} {total:9.1f}   "
               + "  ".join(f"{groups[g]:6.1f} ({groups[g] / total:4.0%})" for g in GROUPS))
 
 
 GROUPS = ["c_attn", "c_proj", "mlp.c_fc", "lm_head", "attention", "cache writes", "other"]
+
+
+def traced_ops(fn, runs: int = 5) -> tuple[float, collections.Counter]:
+    """Run fn `runs` times under jax.profiler: (wall seconds per run, {operation: seconds per run}) for every
+    operation XLA:CPU executed, summed over threads; containers (loops, calls), which hold others, left out."""
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            fn()
+        wall = (time.perf_counter() - t0) / runs
+        jax.profiler.stop_trace()
+        trace = ProfileData.from_file(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
+    ops = collections.Counter()
+    for plane in trace.planes:
+        for line in plane.lines:
+            if re.match(r"tf_XLA(Eigen|PjRtCpuClient)", line.name):
+                for event in line.events:
+                    if not event.name.startswith(("ThunkExecutor", "end:", "while", "call", "conditional")):
+                        ops[event.name] += event.duration_ns * 1e-9 / runs
+    return wall, ops
 
 
 def output_shapes(hlo: str) -> dict:

@@ -19,15 +19,12 @@ by the iterations; "waits" is the time threads spent waiting on the GEMM library
 """
 
 import collections
-import glob
 import re
 import sys
-import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
-from jax.profiler import ProfileData
+from profile_forward import traced_ops  # benchmarks/, beside this script
 
 import picospec
 import picospec.speculative as spec
@@ -89,26 +86,12 @@ def profile(fn, lowered, iterations: int) -> tuple[float, collections.Counter]:
     functions = functions_of(lowered.compile().as_text())
     for _ in range(WARM):
         fn()
-    with tempfile.TemporaryDirectory() as folder:
-        jax.profiler.start_trace(folder)
-        t0 = time.perf_counter()
-        for _ in range(RUNS):
-            fn()
-        wall = (time.perf_counter() - t0) / RUNS / iterations
-        jax.profiler.stop_trace()
-        trace = ProfileData.from_file(glob.glob(f"{folder}/**/*.xplane.pb", recursive=True)[0])
+    wall, ops = traced_ops(fn, RUNS)
     groups = collections.Counter()
-    for plane in trace.planes:
-        for line in plane.lines:
-            if not re.match(r"tf_XLA(Eigen|PjRtCpuClient)", line.name):
-                continue
-            for event in line.events:
-                name = event.name
-                if name.startswith(("ThunkExecutor", "end:", "while", "call", "conditional")):
-                    continue  # containers: their contents are counted themselves
-                key = "waits" if "Await" in name else group(functions[name]) if name in functions else "unattributed"
-                groups[key] += event.duration_ns * 1e-9 / RUNS / iterations
-    return wall, groups
+    for name, seconds in ops.items():
+        key = "waits" if "Await" in name else group(functions[name]) if name in functions else "unattributed"
+        groups[key] += seconds / iterations
+    return wall / iterations, groups
 
 
 def main():
