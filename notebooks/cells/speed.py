@@ -121,9 +121,12 @@ weights come from memory again each iteration (`benchmarks/alternation.py` measu
 controls). The real loop costs a little more again, typically 0.1–0.7 target calls an iteration: its
 own work, which neither prediction counts. The draft's first call of each iteration feeds two tokens
 (timed above: over twice a one-token call for this small draft), and sampling, the verification
-arithmetic, the trace and each run's prefill add the rest. Everything here is raced in one loop, yet
-the measured speedups still move by about ±10% between runs of this notebook on a shared 2-core
-machine, so treat one run's row-to-row wiggles as noise. On GPT-2 124M → 1558M, whose calls stream
+arithmetic, the trace and each run's prefill add the rest. `benchmarks/profile_loop.py` splits an
+iteration op by op: at K = 4 the two-token call costs 2 to 2.5 one-token calls, the target's call
+runs slower inside the loop than between bare draft calls, and the loop's own arithmetic is about
+half a millisecond. Everything here is raced in one loop, yet the measured speedups still move by
+about ±10% between runs of this notebook on a shared 2-core machine, so treat one run's row-to-row
+wiggles as noise. On GPT-2 124M → 1558M, whose calls stream
 their weights from memory, the loop costs no more than its calls timed alone (in two runs the
 calls-alone prediction came within 6%, then 6–21% *under* the measured speedup), and it predicts
 about 1.6–1.9× (the README's benchmark). Both predictions are fit-free: where one misses, it says
