@@ -117,10 +117,11 @@ def main(argv=None):
         # The cheap checks first, before any weights load (gpt2-xl's take tens of seconds): the target's
         # tokenizer reads, and the draft's name resolves.
         tokenizer = load_tokenizer(args.target)
-        draft_is_model = args.mode != "autoregressive" and args.draft != "ngram"
+        uses_draft = args.mode != "autoregressive"
+        draft_is_model = uses_draft and args.draft != "ngram"
         if draft_is_model:
             checkpoint_file(args.draft, "config.json")
-        ngram = NGramDraft(args.ngram_max) if args.mode != "autoregressive" and args.draft == "ngram" else None
+        ngram = NGramDraft(args.ngram_max) if uses_draft and args.draft == "ngram" else None
         target = load_model(args.target, args.dtype)
         check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
         draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
