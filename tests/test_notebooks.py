@@ -1,12 +1,39 @@
-"""Every notebook runs from a clean kernel, offline, on the bundled pair, without an error."""
+"""Every notebook is a jupytext pair (notebooks/N_name.py, the source, and N_name.ipynb, with outputs)
+holding the same cells; it runs from a clean kernel, offline, on the bundled pair, without an error;
+and its committed outputs carry no warning, no error, and no bulk."""
 
 from pathlib import Path
 
-import nbformat
+import jupytext
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.py"))
+MAX_BYTES = 100_000  # per committed .ipynb: modest figures, no stray large output
+
+
+def cells(notebook):
+    return [(cell.cell_type, cell.source.strip()) for cell in notebook.cells]
+
+
+def outputs(notebook):
+    return [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+
+
+def problems(notebook):
+    """The outputs that hold an error, a stream to stderr, or the words Warning or Traceback."""
+    def text(o):
+        return o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+    return [o for o in outputs(notebook) if o.output_type == "error" or o.get("name") == "stderr"
+            or "Warning" in text(o) or "Traceback" in text(o)]
+
+
+def execute(path):
+    """The notebook built from the .py, executed from a clean kernel (the committed outputs play no part)."""
+    notebook = jupytext.read(path)
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return notebook
 
 
 def test_there_are_notebooks():
@@ -14,23 +41,39 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_ipynb_holds_the_same_cells_as_the_py(path):
+    source, paired = jupytext.read(path), path.with_suffix(".ipynb")
+    assert source.metadata["jupytext"]["formats"] == "ipynb,py:percent"
+    assert source.metadata["kernelspec"]["name"] == "python3"
+    assert paired.exists(), f"{paired.name} is missing: jupytext --sync {path.name}"
+    assert cells(jupytext.read(paired)) == cells(source), f"out of step: jupytext --sync {path.name}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, monkeypatch):
-    monkeypatch.setenv("PICOSPEC_NOTEBOOK_QUICK", "1")  # notebook 3 draws fewer samples; the code is the same
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:  # run from scratch: the committed outputs play no part
-        if cell.cell_type == "code":
-            cell.outputs = []
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-    assert any(o.output_type in ("stream", "display_data", "execute_result")
-               for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    monkeypatch.setenv("PICOSPEC_NOTEBOOK_QUICK", "1")  # fewer points and samples; the code is the same
+    notebook = execute(path)
+    assert not problems(notebook)
+    assert any(o.output_type in ("stream", "display_data", "execute_result") for o in outputs(notebook))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes_in_full(path, monkeypatch, request):
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the full-length run (minutes): select it with -m slow")
+    monkeypatch.delenv("PICOSPEC_NOTEBOOK_QUICK", raising=False)
+    assert not problems(execute(path))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_committed_outputs_carry_no_warning_and_no_error(path):
-    outputs = [o for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code" for o in c.outputs]
-    assert outputs, "notebooks are committed with their outputs"
-    assert not [o for o in outputs if o.output_type == "error" or o.get("name") == "stderr"]
-    text = "".join(o.get("text", "") for o in outputs)
-    assert "Warning" not in text and "Traceback" not in text
+    committed = jupytext.read(path.with_suffix(".ipynb"))
+    assert outputs(committed), "notebooks are committed with their outputs"
+    assert not problems(committed)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_is_small(path):
+    size = path.with_suffix(".ipynb").stat().st_size
+    assert size < MAX_BYTES, f"{path.with_suffix('.ipynb').name} is {size} bytes: smaller figures or fewer outputs"

@@ -1,22 +1,46 @@
-"""Notebook 4: why the output law is q, at one real position, and 10,000 samples that show it."""
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from common import SETUP
+# %% [markdown]
+# # Losslessness: the proof, then the samples
+#
+# Speculative sampling promises that its output follows the target's distribution exactly, whatever the
+# draft. At one position, a token x comes out either as an accepted draft or from the residual after a
+# rejection:
+#
+#   P(x) = p(x)·min(1, q(x)/p(x)) + (1 − Σ_y min(p(y), q(y))) · max(0, q(x) − p(x)) / Σ_y max(0, q(y) − p(y))
+#        = min(p(x), q(x)) + max(0, q(x) − p(x)) = q(x),
+#
+# because the rejection mass 1 − Σ_y min(p(y), q(y)) equals Σ_y max(0, q(y) − p(y)): p and q both sum to 1.
+# Below, both terms are drawn at a real position of the bundled pair, then 10,000 samples are drawn.
 
-CELLS = [
-    ("md", """\
-# Losslessness: the proof, then the samples
+# %%
+MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
+DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
 
-Speculative sampling promises that its output follows the target's distribution exactly, whatever the
-draft. At one position, a token x comes out either as an accepted draft or from the residual after a
-rejection:
+import jax
+import numpy as np
+import picospec
+from IPython.display import HTML, display
 
-  P(x) = p(x)·min(1, q(x)/p(x)) + (1 − Σ_y min(p(y), q(y))) · max(0, q(x) − p(x)) / Σ_y max(0, q(y) − p(y))
-       = min(p(x), q(x)) + max(0, q(x) − p(x)) = q(x),
+draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
+tokenizer = picospec.load_tokenizer(TARGET)
+print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
+      f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
 
-because the rejection mass 1 − Σ_y min(p(y), q(y)) equals Σ_y max(0, q(y) − p(y)): p and q both sum to 1.
-Below, both terms are drawn at a real position of the bundled pair, then 10,000 samples are drawn."""),
-    ("code", SETUP),
-    ("code", '''\
+# %%
 from picospec import theory
 from picospec.sampling import Sampling, logits_to_probs
 
@@ -32,8 +56,9 @@ residual = np.maximum(q - p, 0) / np.maximum(q - p, 0).sum()  # what a rejection
 law = accepted + rejection_mass * residual
 print(f"α = Σ min(p, q) = {accepted.sum():.3f}; rejection mass {rejection_mass:.3f} = Σ max(0, q − p) = {np.maximum(q - p, 0).sum():.3f}")
 print("largest |P(x) − q(x)|:", np.abs(law - q).max(), "| theory.lenient_output_law(p, q, 1) agrees:",
-      bool(np.allclose(theory.lenient_output_law(p, q, 1.0), q)))'''),
-    ("code", '''\
+      bool(np.allclose(theory.lenient_output_law(p, q, 1.0), q)))
+
+# %%
 import matplotlib.pyplot as plt
 
 support = np.flatnonzero((p > 0) | (q > 0))
@@ -46,14 +71,16 @@ plt.bar(x, (rejection_mass * residual)[support], 0.3, bottom=accepted[support], 
 plt.bar(x + 0.3, q[support], 0.3, color="tab:blue", label="target q")
 plt.xticks(x, [repr(tokenizer.decode([t])) for t in support], rotation=45)
 plt.ylabel("probability"); plt.title(f"next token after {PROMPT!r}, top-k={TOP_K}: the middle stacks sum to q")
-plt.legend(fontsize=8); plt.tight_layout(); plt.show()'''),
-    ("md", """\
-## 10,000 samples
+plt.legend(fontsize=8); plt.tight_layout(); plt.show()
 
-The first token after the same prompt, drawn 10,000 times by speculative sampling at once (`jax.vmap`
-over keys), beside q and p. The tests (tests/test_speculative.py) check the same for the joint law of
-three tokens, with chi-square tests and controls that a wrong sampler fails."""),
-    ("code", '''\
+# %% [markdown]
+# ## 10,000 samples
+#
+# The first token after the same prompt, drawn 10,000 times by speculative sampling at once (`jax.vmap`
+# over keys), beside q and p. The tests (tests/test_speculative.py) check the same for the joint law of
+# three tokens, with chi-square tests and controls that a wrong sampler fails.
+
+# %%
 import os
 from scipy.stats import chisquare
 
@@ -71,14 +98,14 @@ plt.bar(x - 0.27, p[support], 0.27, label="draft p", color="tab:gray")
 plt.bar(x, q[support], 0.27, label="target q (exact)", color="tab:blue")
 plt.bar(x + 0.27, counts[support] / N, 0.27, label="speculative samples", color="tab:orange")
 plt.xticks(x, [repr(tokenizer.decode([t])) for t in support], rotation=45)
-plt.ylabel("probability"); plt.legend(); plt.tight_layout(); plt.show()'''),
-    ("md", """\
-## Exercises
+plt.ylabel("probability"); plt.legend(); plt.tight_layout(); plt.show()
 
-1. Replace the residual by q itself (resample from q after a rejection). Predict which tokens gain
-   probability, then recompute `law` and see.
-2. Lenience (Leviathan et al., A.5): `theory.lenient_output_law(p, q, 0.5)`. How far is it from q, in
-   total variation? How much does α rise (`theory.lenient_alpha`)?
-3. Pick a prompt where the draft is confident and wrong. What does the picture look like when
-   Σ min(p, q) is small?"""),
-]
+# %% [markdown]
+# ## Exercises
+#
+# 1. Replace the residual by q itself (resample from q after a rejection). Predict which tokens gain
+#    probability, then recompute `law` and see.
+# 2. Lenience (Leviathan et al., A.5): `theory.lenient_output_law(p, q, 0.5)`. How far is it from q, in
+#    total variation? How much does α rise (`theory.lenient_alpha`)?
+# 3. Pick a prompt where the draft is confident and wrong. What does the picture look like when
+#    Σ min(p, q) is small?

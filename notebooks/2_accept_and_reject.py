@@ -1,18 +1,45 @@
-"""Notebook 2: acceptance over whole generations, against the capped geometric law; α exact and measured."""
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from common import NAMES, SETUP
+# %% [markdown]
+# # Accept and reject over a whole generation
+#
+# How many tokens does each target call yield, and does the simple model of Leviathan et al. explain it?
+# Their model: each drafted token is accepted with the same probability α, independently, so the number
+# accepted per iteration is a geometric variable capped at K, and E[tokens per call] = (1 − α^(K+1)) / (1 − α).
+#
+# Two figures are easy to confuse, so each has one name here, in the CLI and in the benchmark:
+# the **acceptance rate** is accepted drafts / drafted tokens (the dropped drafts after a rejection count
+# as not accepted); **α** is the probability that one drafted token, once it is tested, is accepted —
+# Σ_x min(p(x), q(x)) at a position, or estimated from a trace as accepted / tested.
 
-CELLS = [
-    ("md", """\
-# Accept and reject over a whole generation
+# %%
+MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
+DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
 
-How many tokens does each target call yield, and does the simple model of Leviathan et al. explain it?
-Their model: each drafted token is accepted with the same probability α, independently, so the number
-accepted per iteration is a geometric variable capped at K, and E[tokens per call] = (1 − α^(K+1)) / (1 − α).
+import jax
+import numpy as np
+import picospec
+from IPython.display import HTML, display
 
-""" + NAMES),
-    ("code", SETUP),
-    ("code", '''\
+draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
+tokenizer = picospec.load_tokenizer(TARGET)
+print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
+      f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
+
+# %%
 from picospec import theory
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying",
@@ -36,15 +63,17 @@ a = np.concatenate([counts for _, _, counts in runs])
 alpha = theory.alpha_from_trace(a, K)
 print(f"{len(a)} iterations at temperature 1")
 print(f"acceptance rate (accepted / drafted): {a.sum() / (K * len(a)):.3f}")
-print(f"α (accepted / tested, the maximum-likelihood estimate): {alpha:.3f}")'''),
-    ("code", '''\
+print(f"α (accepted / tested, the maximum-likelihood estimate): {alpha:.3f}")
+
+# %%
 import matplotlib.pyplot as plt
 
+plt.rcParams["figure.dpi"] = 80  # modest figures: the notebook is committed with its outputs
 reached, passed = np.zeros(K), np.zeros(K)
 for _, _, counts in runs:
     reached += (np.arange(K)[None, :] <= counts[:, None]).sum(0)  # positions a decision was made at
     passed += (np.arange(K)[None, :] < counts[:, None]).sum(0)  # ... and the draft accepted
-fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
 axes[0].bar(np.arange(len(runs[0][2])), runs[0][2] + 1, color="tab:green")
 axes[0].set(title=f"one generation: tokens per iteration (K={K})", xlabel="iteration", ylabel="tokens added")
 lengths = np.bincount(a, minlength=K + 1) / len(a)
@@ -54,22 +83,24 @@ axes[1].set(title="drafts accepted per iteration", xlabel="accepted", ylabel="fr
 axes[2].plot(np.arange(K), passed / reached, "o-")
 axes[2].axhline(alpha, ls="--", color="gray", label="overall α")
 axes[2].set(title="α by position in the draft block", xlabel="position i of d_i", ylabel="P(accept | tested)", ylim=(0, 1))
-axes[2].legend(); plt.tight_layout(); plt.show()'''),
-    ("md", """\
-The middle panel is a **fit**: α was estimated from these same counts, so the geometric law's mean
-agrees by construction; only its shape is a check. The right panel shows why the shape is off where it
-is: a later position is tested only after every earlier draft passed, so it is tested in easier
-contexts, and α is not one number for every position.
+axes[2].legend(); plt.tight_layout(); plt.show()
 
-## α exact and measured, on the same sequences
+# %% [markdown]
+# The middle panel is a **fit**: α was estimated from these same counts, so the geometric law's mean
+# agrees by construction; only its shape is a check. The right panel shows why the shape is off where it
+# is: a later position is tested only after every earlier draft passed, so it is tested in easier
+# contexts, and α is not one number for every position.
+#
+# ## α exact and measured, on the same sequences
+#
+# This one is a **test**. For every sequence generated above, picospec.logits gives both models' full
+# distributions at every position, so α can be computed exactly there: Σ_x min(p(x), q(x)). The
+# measured α counts the uniform draws that accepted. Taken over the **same positions** — those where a
+# draft was tested — the two are independent computations of one quantity, and must agree within
+# sampling error (at temperature 0 they must agree exactly: both are 0/1 agreement of argmaxes).
+# Positions that got a bonus token are never tested; the exact α over all positions includes them.
 
-This one is a **test**. For every sequence generated above, picospec.logits gives both models' full
-distributions at every position, so α can be computed exactly there: Σ_x min(p(x), q(x)). The
-measured α counts the uniform draws that accepted. Taken over the **same positions** — those where a
-draft was tested — the two are independent computations of one quantity, and must agree within
-sampling error (at temperature 0 they must agree exactly: both are 0/1 agreement of argmaxes).
-Positions that got a bonus token are never tested; the exact α over all positions includes them."""),
-    ("code", '''\
+# %%
 from picospec.sampling import Sampling, logits_to_probs
 
 def exact_and_measured(temperature):
@@ -100,27 +131,29 @@ print(" T     exact α, tested positions   measured α ± 2 s.e.   exact α, all
 for t, (exact, measured, se, all_positions, n_tested, n_all) in zip(temperatures, rows):
     print(f"{t:4.2f}  {exact:.3f} ({n_tested} positions)  {measured:10.3f} ± {2 * se:.3f}   "
           f"{all_positions:.3f} ({n_all} positions)")
-plt.figure(figsize=(5.5, 3.5))
+plt.figure(figsize=(5, 3.2))
 plt.errorbar(temperatures, [r[1] for r in rows], yerr=[2 * r[2] for r in rows], fmt="o-", capsize=3,
              label="measured (uniform draws)")
 plt.plot(temperatures, [r[0] for r in rows], "s--", label="exact Σ min(p, q), same positions")
 plt.plot(temperatures, [r[3] for r in rows], "^:", label="exact, all positions")
-plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1); plt.legend(); plt.show()'''),
-    ("md", """\
-## Tokens per call: a prediction from the exact α
+plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1); plt.legend(); plt.show()
 
-The geometric law turns α into tokens per call. Fed the exact α (computed from the distributions, not
-from the accept counts) it is a prediction; the gap is what the equal-α assumption costs."""),
-    ("code", '''\
+# %% [markdown]
+# ## Tokens per call: a prediction from the exact α
+#
+# The geometric law turns α into tokens per call. Fed the exact α (computed from the distributions, not
+# from the accept counts) it is a prediction; the gap is what the equal-α assumption costs.
+
+# %%
 for t, (exact, *_) in zip(temperatures, rows):
     counts = np.concatenate([c for _, _, c in run_all(t)])
     print(f"T={t:4.2f}  tokens per call: measured {np.mean(counts + 1):.2f}, "
-          f"predicted from the exact α {theory.expected_tokens_per_call(exact, K):.2f}")'''),
-    ("md", """\
-## Exercises
+          f"predicted from the exact α {theory.expected_tokens_per_call(exact, K):.2f}")
 
-1. Predict: with K = 8, does the measured α change? Does the acceptance rate (accepted / drafted)? Run it.
-2. The right panel above: at which temperature would you expect α to be most alike across positions?
-3. Make the draft worse (load `picospec.load_model("tiny-draft")` and scale its params by 0.5) and predict
-   α before you measure it."""),
-]
+# %% [markdown]
+# ## Exercises
+#
+# 1. Predict: with K = 8, does the measured α change? Does the acceptance rate (accepted / drafted)? Run it.
+# 2. The right panel above: at which temperature would you expect α to be most alike across positions?
+# 3. Make the draft worse (load `picospec.load_model("tiny-draft")` and scale its params by 0.5) and predict
+#    α before you measure it.

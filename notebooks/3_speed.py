@@ -1,0 +1,240 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Speed: why checking K drafts costs about one step, and what that buys
+#
+# Each iteration of speculative sampling spends K draft calls and one target call that scores K + 1
+# tokens, and keeps on average more than one token. Leviathan et al.'s walltime improvement, with the
+# cost of that verification call written out:
+#
+#   speedup = (1 − α^(K+1)) / ((1 − α)(K·c + v(K)))
+#
+# - **α**: the probability that one drafted token is accepted (notebook 2);
+# - **c**: one draft call's time over one target call's;
+# - **v(K)**: the target's time to score K + 1 tokens in one call over its time for one token.
+#
+# The numerator is the expected tokens per target call, the denominator an iteration's cost counted
+# in target calls. This notebook explains why v(K) can stay near 1, draws what the formula predicts,
+# then measures α, c and v(K) on the bundled pair and races the samplers. Every printed number says
+# what it is: a **measurement** (timed or counted here), a **prediction** (the formula fed with
+# measurements, nothing adjusted), or a **fit** (a parameter chosen to match data).
+
+# %%
+MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
+DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
+
+import jax
+import numpy as np
+import picospec
+
+draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
+tokenizer = picospec.load_tokenizer(TARGET)
+print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
+      f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
+
+# %% [markdown]
+# ## Why K + 1 tokens can cost about as much as one
+#
+# Decoding one token multiplies a single row, [1, C], by every weight matrix of the model: one
+# multiply and one add per weight, and each weight is read from memory once for them (4 bytes in
+# float32). A processor can do many more operations in the time it takes to read 4 bytes, so a
+# one-token call mostly waits for its weights to arrive: it is **memory-bound**, and its time is about
+# the time to stream the weights.
+#
+# Scoring K + 1 tokens in one call multiplies [K + 1, C] by the same matrices. Each weight, once read,
+# serves K + 1 rows: K + 1 times the arithmetic for the same bytes. While that arithmetic fits in
+# the time the reading takes, the call costs what a one-token call costs and v(K) ≈ 1. Once K + 1
+# approaches the machine's ratio of operations to bytes, compute catches up, and from there the time
+# grows with the tokens, towards v(K) = K + 1 (as much as K + 1 separate calls). Verification is
+# cheap because it uses the arithmetic a one-token call leaves idle. The target's own numbers:
+
+# %%
+import os
+
+QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's smoke run: fewer points, same code
+
+leaves = jax.tree_util.tree_leaves(target.params)
+n_params, n_bytes = sum(x.size for x in leaves), sum(x.nbytes for x in leaves)
+print(f"target: {n_params / 1e6:.1f} M weights, {n_bytes / 1e6:.0f} MB to read per call (counted)")
+print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2 * n_params / n_bytes:.1f}·T operations "
+      f"per byte read (counted from the shapes)")
+
+# %% [markdown]
+# ## Measuring c and v(K)
+#
+# `picospec.tools.timing.forward_times` times forward calls the benchmark's way: many calls in one
+# compiled loop, so no Python dispatch is counted, and all of them raced in turn, so that a slow spell
+# on a shared machine slows both sides of a ratio alike. Attention reads every slot of the cache, so
+# the caches have the capacity the sampling runs below use.
+#
+# A straight line through the times, t(T) ≈ a + b·T, is a **fit** that splits a call into a part paid
+# once per call (a: streaming the weights, and fixed overheads) and a part paid per token (b: the
+# arithmetic). Then v(K) ≈ (a + b·(K + 1)) / (a + b): the smaller b is beside a, the flatter v.
+
+# %%
+import matplotlib.pyplot as plt
+from picospec import theory
+from picospec.sampling import buffers
+from picospec.tools.timing import forward_times, race
+
+plt.rcParams["figure.dpi"] = 80  # modest figures: the notebook is committed with its outputs
+
+PROMPT, TEMPERATURE = "And the LORD spake unto Moses, saying", 0.8
+KS, N_TOKENS, SEEDS = ((2, 4), 32, 2) if QUICK else ((1, 2, 4, 8), 128, 4)  # the runs raced below
+TS = (1, 3, 5, 9) if QUICK else (1, 2, 3, 5, 9, 17, 33, 65)  # tokens per target call, K + 1: every K raced
+prompt = tokenizer.encode(PROMPT).ids
+capacity = buffers(prompt, N_TOKENS, max(KS), target.config)[2]  # the cache slots those runs use
+t = forward_times({"draft 1": (draft, 1), **{f"target {T}": (target, T) for T in TS}}, capacity,
+                  **(dict(min_seconds=0.05, rounds=3) if QUICK else {}))
+c = t["draft 1"] / t["target 1"]
+v = {T - 1: t[f"target {T}"] / t["target 1"] for T in TS}  # v(K) for K = T - 1
+b, a = np.polyfit(TS, [t[f"target {T}"] for T in TS], 1)
+v_fit = lambda K: (a + b * (K + 1)) / (a + b)  # noqa: E731
+
+print(f"measured: one target call {t['target 1'] * 1e3:.2f} ms, one draft call {t['draft 1'] * 1e3:.3f} ms, "
+      f"c = {c:.3f} (caches of {capacity} slots)")
+print(f"measured: the target's weights over its one-token time: {n_bytes / t['target 1'] / 1e9:.0f} GB/s, "
+      f"the rate the call would read at if reading were all it did")
+print(" K   T   v(K) measured   v(K) fit")
+for T in TS:
+    print(f"{T - 1:2d} {T:3d} {v[T - 1]:15.2f} {v_fit(T - 1):10.2f}")
+print(f"fit: a = {a * 1e3:.2f} ms per call, b = {b * 1e3:.3f} ms per token; "
+      f"the per-token part equals the per-call part at T ≈ {a / b:.0f} tokens")
+
+Ks = np.array(sorted(v))
+plt.figure(figsize=(5, 3))
+plt.plot(Ks, [v[K] for K in Ks], "o", label="measured")
+plt.plot(Ks, v_fit(Ks), "-", color="tab:blue", alpha=0.5, label="fit a + b·T")
+plt.plot(Ks, Ks + 1, ":", color="gray", label="K + 1 separate calls")
+plt.axhline(1, color="gray", lw=0.8)
+plt.xscale("symlog", linthresh=1); plt.xlabel("K (the call scores K + 1 tokens)"); plt.ylabel("v(K)")
+plt.ylim(0, v[Ks[-1]] * 1.3); plt.legend(fontsize=8); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# How flat v(K) is depends on the model and the machine: a larger target on a machine with more
+# arithmetic per byte of memory keeps it near 1 for longer; a tiny model, whose weights are read
+# quickly, reaches the point where compute catches up after a few tokens. Both are the same account.
+#
+# ## What the formula predicts
+#
+# Left: tokens per target call against α, for a few K: long drafts pay only when α is high.
+# Middle: the predicted speedup against K at the measured c, for a few α, with the fitted v(K)
+# (solid) and with verification free, v = 1 as in the paper (dashed). Right: the best K
+# (`theory.optimal_K`) against α, for the measured c and for a draft ten times cheaper.
+
+# %%
+alphas = np.linspace(0, 0.97, 100)
+Kgrid = np.arange(1, 17)
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+for K in (1, 2, 4, 8):
+    axes[0].plot(alphas, theory.expected_tokens_per_call(alphas, K), label=f"K={K}")
+axes[0].set(xlabel="α", ylabel="tokens per target call"); axes[0].legend(fontsize=8)
+for alpha_, colour in [(0.6, "tab:red"), (0.8, "tab:blue"), (0.9, "tab:green")]:
+    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, v_fit(K)) for K in Kgrid], "-", color=colour,
+                 label=f"α={alpha_}, fitted v(K)")
+    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour,
+                 label=f"α={alpha_}, v=1")
+axes[1].axhline(1, color="gray", lw=0.8)
+axes[1].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}"); axes[1].legend(fontsize=7)
+grid = np.linspace(0.3, 0.95, 27)
+for cost, style in [(c, "-"), (c / 10, "--")]:
+    axes[2].plot(grid, [theory.optimal_K(x, cost, v_fit) for x in grid], style, color="tab:blue",
+                 label=f"c={cost:.3f}, fitted v(K)")
+    axes[2].plot(grid, [theory.optimal_K(x, cost) for x in grid], style, color="tab:orange", label=f"c={cost:.3f}, v=1")
+axes[2].set(xlabel="α", ylabel="best K"); axes[2].legend(fontsize=7)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# With v = 1 the best K grows quickly with α; a v(K) that rises makes every drafted token cost
+# verification time too, and the best K stays small.
+#
+# ## A small race: prediction beside measurement
+#
+# α is counted from a few calibration runs at K = 4 (`theory.alpha_from_trace`), on other seeds than
+# the raced runs, and used for every K: it is a property of the pair, the text and the temperature,
+# not of K. Then `race` calls autoregressive sampling and speculative sampling at each K in turn,
+# each generating the same SEEDS × N_TOKENS tokens, and keeps each one's fastest round (after a first
+# call that compiles). The predictions use only the measured α, c and v(K).
+
+# %%
+calibration = [picospec.speculative_sample(draft, target, prompt, N_TOKENS, jax.random.key(100 + s), K=4,
+                                           temperature=TEMPERATURE)[1] for s in range(2 * SEEDS)]
+alpha = theory.alpha_from_trace(np.concatenate([np.asarray(tr.n_accepted[:int(tr.n_steps)]) for tr in calibration]), 4)
+print(f"measured: α = {alpha:.3f}, from {2 * SEEDS} calibration runs at K = 4, temperature {TEMPERATURE}")
+
+keys = [jax.random.key(seed) for seed in range(SEEDS)]
+def timed(fn):  # one sampler's SEEDS runs, as one contender
+    return lambda: [jax.block_until_ready(fn(k)) for k in keys]
+
+runs = {"autoregressive": timed(lambda k: picospec.autoregressive_sample(
+    target, prompt, N_TOKENS, k, temperature=TEMPERATURE))}
+for K in KS:
+    runs[f"K={K}"] = timed(lambda k, K=K: picospec.speculative_sample(
+        draft, target, prompt, N_TOKENS, k, K=K, temperature=TEMPERATURE)[0])
+seconds, _ = race(rounds=3, **runs)
+
+rows = []
+for K in KS:
+    calls = sum(int(picospec.speculative_sample(draft, target, prompt, N_TOKENS, k, K=K,
+                                                temperature=TEMPERATURE)[1].n_steps) for k in keys)
+    rows.append(dict(K=K, calls=calls, tokens_per_call=SEEDS * N_TOKENS / calls,
+                     tokens_per_call_predicted=float(theory.expected_tokens_per_call(alpha, K)),
+                     speedup=seconds["autoregressive"] / seconds[f"K={K}"],
+                     predicted=float(theory.walltime_improvement(alpha, K, c, v[K])),
+                     predicted_v1=float(theory.walltime_improvement(alpha, K, c, 1.0))))
+print(f"measured: autoregressive, {SEEDS * N_TOKENS / seconds['autoregressive']:.0f} tokens/s\n")
+print("      tokens per call            speedup over autoregressive")
+print(" K   measured  predicted    measured  predicted (α, c, v(K))  predicted (α, c, v = 1)")
+for r in rows:
+    print(f"{r['K']:2d} {r['tokens_per_call']:10.2f} {r['tokens_per_call_predicted']:10.2f} "
+          f"{r['speedup']:10.2f}x {r['predicted']:18.2f}x {r['predicted_v1']:20.2f}x")
+
+# %% [markdown]
+# ## Where the prediction and the race part
+#
+# The formula counts an iteration as K draft calls and one K + 1-token target call, each timed alone,
+# and an autoregressive step as one target call. The race can be read in the same unit: each
+# sampler's measured time per iteration (per token, for autoregressive sampling) over one bare
+# target call. The difference is work the formula does not count: sampling from p and q, the accept
+# test and its bookkeeping, the prompt's prefill, and the two models' calls taking turns, so that
+# each may find the other's weights in the caches it would have used.
+
+# %%
+one = t["target 1"]
+print(f"autoregressive step: {seconds['autoregressive'] / (SEEDS * N_TOKENS) / one:.2f} target calls measured, "
+      "1 counted by the formula")
+for r in rows:
+    K = r["K"]
+    print(f"iteration at K = {K}: {seconds[f'K={K}'] / r['calls'] / one:.2f} target calls measured, "
+          f"K·c + v(K) = {K * c + v[K]:.2f} counted by the formula")
+
+# %% [markdown]
+# Both predictions are fit-free: where one misses, the lines above say how much of the time is not
+# where the formula looks. Timings on a shared machine move between runs, so treat small row-to-row
+# differences as noise; the same notebook in full mode (without PICOSPEC_NOTEBOOK_QUICK) draws more
+# points and longer runs.
+#
+# ## Exercises
+#
+# Predict first, then run.
+# 1. TEMPERATURE = 0: a draft is accepted exactly when it is the target's argmax. Does α rise or fall?
+#    Which K does `theory.optimal_K(alpha, c, v_fit)` then pick, and does the race agree?
+# 2. Make the draft free in the prediction (c = 0). How much of the gap between the measured speedup
+#    and the ideal (1 − α^(K+1)) / (1 − α) is the draft's cost, and how much is verification's v(K)?
+# 3. A batch of B prompts makes the one-token call carry B rows, and so uses the idle arithmetic
+#    itself. Predict v_B(4) for B = 8, then measure it:
+#    `from picospec.tools.bench_batch import batched_forward_time`;
+#    `batched_forward_time(target, 8, 5) / batched_forward_time(target, 8, 1)`.
