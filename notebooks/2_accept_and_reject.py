@@ -40,11 +40,13 @@ print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
       f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
 
 # %%
+import os
 from picospec import theory
 
+QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's smoke run: fewer runs and temperatures
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying",
            "Blessed are the", "And it came to pass"]
-K, N_TOKENS, RUNS, LENGTH = 4, 112, 8, 128  # every prompt + N_TOKENS + K fits LENGTH slots: one compile
+K, N_TOKENS, RUNS, LENGTH = 4, 112, (2 if QUICK else 8), 128  # every prompt + N_TOKENS + K fits LENGTH slots: one compile
 
 def run_all(temperature):
     """RUNS samples per prompt, vmapped over keys: a list of (prompt, generated tokens, accepted counts)."""
@@ -68,7 +70,7 @@ print(f"α (accepted / tested, the maximum-likelihood estimate): {alpha:.3f}")
 # %%
 import matplotlib.pyplot as plt
 
-plt.rcParams["figure.dpi"] = 80  # modest figures: the notebook is committed with its outputs
+plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
 reached, passed = np.zeros(K), np.zeros(K)
 for _, _, counts in runs:
     reached += (np.arange(K)[None, :] <= counts[:, None]).sum(0)  # positions a decision was made at
@@ -103,11 +105,11 @@ axes[2].legend(); plt.tight_layout(); plt.show()
 # %%
 from picospec.sampling import Sampling, logits_to_probs
 
-def exact_and_measured(temperature):
-    """(exact α over tested positions, measured α there, its standard error, exact α over all positions,
+def exact_and_measured(temperature, runs):
+    """From run_all(temperature)'s runs: (exact α over tested positions, measured α there, its standard error, exact α over all positions,
     the number of tested positions, the number of all positions)."""
     s, exact_tested, exact_all, accepted, tested = Sampling(temperature), [], [], 0, 0
-    for prompt, generated, counts in run_all(temperature):
+    for prompt, generated, counts in runs:
         sequence = np.zeros(LENGTH, np.int32)
         sequence[:len(prompt) + N_TOKENS] = prompt + generated  # padding after it: the pass is causal
         p = logits_to_probs(picospec.logits(draft, sequence), s)  # [LENGTH, V]: row t predicts token t + 1
@@ -125,8 +127,9 @@ def exact_and_measured(temperature):
     return (np.mean(exact_tested), measured, np.sqrt(measured * (1 - measured) / tested), np.mean(exact_all),
             len(exact_tested), len(exact_all))
 
-temperatures = [0.0, 0.5, 1.0, 1.5]
-rows = [exact_and_measured(t) for t in temperatures]
+temperatures = [0.0, 1.0] if QUICK else [0.0, 0.5, 1.0, 1.5]
+samples = {t: run_all(t) for t in temperatures}
+rows = [exact_and_measured(t, samples[t]) for t in temperatures]
 print(" T     exact α, tested positions   measured α ± 2 s.e.   exact α, all positions")
 for t, (exact, measured, se, all_positions, n_tested, n_all) in zip(temperatures, rows):
     print(f"{t:4.2f}  {exact:.3f} ({n_tested} positions)  {measured:10.3f} ± {2 * se:.3f}   "
@@ -146,7 +149,7 @@ plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1); plt.legend(); plt.s
 
 # %%
 for t, (exact, *_) in zip(temperatures, rows):
-    counts = np.concatenate([c for _, _, c in run_all(t)])
+    counts = np.concatenate([c for _, _, c in samples[t]])
     print(f"T={t:4.2f}  tokens per call: measured {np.mean(counts + 1):.2f}, "
           f"predicted from the exact α {theory.expected_tokens_per_call(exact, K):.2f}")
 

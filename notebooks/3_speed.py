@@ -90,7 +90,7 @@ from picospec import theory
 from picospec.sampling import buffers
 from picospec.tools.timing import forward_times, race
 
-plt.rcParams["figure.dpi"] = 80  # modest figures: the notebook is committed with its outputs
+plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
 
 PROMPT, TEMPERATURE = "And the LORD spake unto Moses, saying", 0.8
 KS, N_TOKENS, SEEDS = ((2, 4), 32, 2) if QUICK else ((1, 2, 4, 8), 128, 4)  # the runs raced below
@@ -106,27 +106,30 @@ v_fit = lambda K: (a + b * (K + 1)) / (a + b)  # noqa: E731
 
 print(f"measured: one target call {t['target 1'] * 1e3:.2f} ms, one draft call {t['draft 1'] * 1e3:.3f} ms, "
       f"c = {c:.3f} (caches of {capacity} slots)")
-print(f"measured: the target's weights over its one-token time: {n_bytes / t['target 1'] / 1e9:.0f} GB/s, "
-      f"the rate the call would read at if reading were all it did")
 print(" K   T   v(K) measured   v(K) fit")
 for T in TS:
     print(f"{T - 1:2d} {T:3d} {v[T - 1]:15.2f} {v_fit(T - 1):10.2f}")
-print(f"fit: a = {a * 1e3:.2f} ms per call, b = {b * 1e3:.3f} ms per token; "
-      f"the per-token part equals the per-call part at T ≈ {a / b:.0f} tokens")
+print(f"fit: a = {a * 1e3:.2f} ms per call, b = {b * 1e3:.3f} ms per token. Were a all weight reading "
+      f"and b all arithmetic, the rates would be {n_bytes / a / 1e9:.0f} GB of weights/s and {2 * n_params / b / 1e9:.0f} G operations/s,")
+print(f"  {2 * n_params * a / (n_bytes * b):.1f} operations per byte read; a call of T tokens does "
+      f"{2 * n_params / n_bytes:.1f}·T, so compute catches up at T ≈ a / b = {a / b:.0f} tokens")
 
-Ks = np.array(sorted(v))
+Tgrid = np.geomspace(1, max(TS), 50)
 plt.figure(figsize=(5, 3))
-plt.plot(Ks, [v[K] for K in Ks], "o", label="measured")
-plt.plot(Ks, v_fit(Ks), "-", color="tab:blue", alpha=0.5, label="fit a + b·T")
-plt.plot(Ks, Ks + 1, ":", color="gray", label="K + 1 separate calls")
+plt.plot(TS, [v[T - 1] for T in TS], "o", label="measured")
+plt.plot(Tgrid, v_fit(Tgrid - 1), "-", color="tab:blue", alpha=0.5, label="fit (a + b·T) / (a + b)")
+plt.plot(Tgrid, Tgrid, ":", color="gray", label="K + 1: as many separate calls")
 plt.axhline(1, color="gray", lw=0.8)
-plt.xscale("symlog", linthresh=1); plt.xlabel("K (the call scores K + 1 tokens)"); plt.ylabel("v(K)")
-plt.ylim(0, v[Ks[-1]] * 1.3); plt.legend(fontsize=8); plt.tight_layout(); plt.show()
+plt.xscale("log", base=2); plt.xlabel("T = K + 1 tokens scored in one call"); plt.ylabel("v(K)")
+plt.ylim(0, max(v.values()) * 1.3); plt.legend(fontsize=8); plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# How flat v(K) is depends on the model and the machine: a larger target on a machine with more
-# arithmetic per byte of memory keeps it near 1 for longer; a tiny model, whose weights are read
-# quickly, reaches the point where compute catches up after a few tokens. Both are the same account.
+# How flat v(K) is depends on the model and the machine: the ratio of the machine's arithmetic to
+# its memory reads sets the T where compute catches up, and the fit reads that ratio off the
+# measurement. A larger target, whose weights are too large for any cache and stream from main
+# memory, and whose work is more nearly all matrix products, keeps v(K) near 1 for longer; in a tiny
+# model the work that is not a weight read (attention over the cache, the layer norms, dispatching
+# each operation) weighs more.
 #
 # ## What the formula predicts
 #
@@ -138,17 +141,17 @@ plt.ylim(0, v[Ks[-1]] * 1.3); plt.legend(fontsize=8); plt.tight_layout(); plt.sh
 # %%
 alphas = np.linspace(0, 0.97, 100)
 Kgrid = np.arange(1, 17)
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+fig, axes = plt.subplots(1, 3, figsize=(10.5, 3))
 for K in (1, 2, 4, 8):
     axes[0].plot(alphas, theory.expected_tokens_per_call(alphas, K), label=f"K={K}")
 axes[0].set(xlabel="α", ylabel="tokens per target call"); axes[0].legend(fontsize=8)
 for alpha_, colour in [(0.6, "tab:red"), (0.8, "tab:blue"), (0.9, "tab:green")]:
     axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, v_fit(K)) for K in Kgrid], "-", color=colour,
-                 label=f"α={alpha_}, fitted v(K)")
-    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour,
-                 label=f"α={alpha_}, v=1")
+                 label=f"α={alpha_}")
+    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour)
 axes[1].axhline(1, color="gray", lw=0.8)
-axes[1].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}"); axes[1].legend(fontsize=7)
+axes[1].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}", title="solid: fitted v(K); dashed: v = 1")
+axes[1].legend(fontsize=7)
 grid = np.linspace(0.3, 0.95, 27)
 for cost, style in [(c, "-"), (c / 10, "--")]:
     axes[2].plot(grid, [theory.optimal_K(x, cost, v_fit) for x in grid], style, color="tab:blue",

@@ -84,7 +84,7 @@ plt.legend(fontsize=8); plt.tight_layout(); plt.show()
 import os
 from scipy.stats import chisquare
 
-N = 2_000 if os.environ.get("PICOSPEC_NOTEBOOK_QUICK") else 10_000  # the test suite's smoke run draws fewer
+N = 500 if os.environ.get("PICOSPEC_NOTEBOOK_QUICK") else 10_000  # the test suite's smoke run draws fewer
 keys = jax.random.split(jax.random.key(0), N)
 first = jax.vmap(lambda k: picospec.speculative_sample(draft, target, prompt, 1, k, K=4, top_k=TOP_K)[0][0])(keys)
 counts = np.bincount(np.asarray(first), minlength=q.size)
