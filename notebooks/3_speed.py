@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Speed: why checking K drafts costs about one step, and what that buys
+# # Speed: what checking K drafts costs, and what it buys
 #
 # Each iteration of speculative sampling spends K draft calls and one target call that scores K + 1
 # tokens, and keeps on average more than one token. Leviathan et al.'s walltime improvement, with the
@@ -27,10 +27,10 @@
 # - **v(K)**: the target's time to score K + 1 tokens in one call over its time for one token.
 #
 # The numerator is the expected tokens per target call, the denominator an iteration's cost counted
-# in target calls. This notebook explains why v(K) can stay near 1, draws what the formula predicts,
-# then measures α, c and v(K) on the bundled pair and races the samplers. Every printed number says
-# what it is: a **measurement** (timed or counted here), a **prediction** (the formula fed with
-# measurements, nothing adjusted), or a **fit** (a parameter chosen to match data).
+# in target calls. This notebook explains why v(K) can stay near 1 and measures it, with c, on the
+# bundled pair; draws what the formula predicts; then counts α and races the samplers. Every printed
+# number says what it is: a **measurement** (timed or counted here), a **prediction** (the formula
+# fed with measurements, nothing adjusted), or a **fit** (a parameter chosen to match data).
 
 # %%
 MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
@@ -115,7 +115,7 @@ print(f"  {2 * n_params * a / (n_bytes * b):.1f} operations per byte read; a cal
       f"{2 * n_params / n_bytes:.1f}·T, so compute catches up at T ≈ a / b = {a / b:.0f} tokens")
 
 Tgrid = np.geomspace(1, max(TS), 50)
-plt.figure(figsize=(5, 3))
+plt.figure(figsize=(4.5, 2.7))
 plt.plot(TS, [v[T - 1] for T in TS], "o", label="measured")
 plt.plot(Tgrid, v_fit(Tgrid - 1), "-", color="tab:blue", alpha=0.5, label="fit (a + b·T) / (a + b)")
 plt.plot(Tgrid, Tgrid, ":", color="gray", label="K + 1: as many separate calls")
@@ -133,36 +133,33 @@ plt.ylim(0, max(v.values()) * 1.3); plt.legend(fontsize=8); plt.tight_layout(); 
 #
 # ## What the formula predicts
 #
-# Left: tokens per target call against α, for a few K: long drafts pay only when α is high.
-# Middle: the predicted speedup against K at the measured c, for a few α, with the fitted v(K)
-# (solid) and with verification free, v = 1 as in the paper (dashed). Right: the best K
-# (`theory.optimal_K`) against α, for the measured c and for a draft ten times cheaper.
+# Left: the predicted speedup against K at the measured c, for a few α, with the fitted v(K)
+# (solid) and with verification free, v = 1 as in the paper (dashed). The numerator,
+# `theory.expected_tokens_per_call`, levels off towards 1 / (1 − α) as K grows, while the
+# denominator K·c + v(K) keeps growing: hence a best K. Right: that best K (`theory.optimal_K`)
+# against α, for the measured c and for a draft ten times cheaper.
 
 # %%
-alphas = np.linspace(0, 0.97, 100)
 Kgrid = np.arange(1, 17)
-fig, axes = plt.subplots(1, 3, figsize=(10.5, 3))
-for K in (1, 2, 4, 8):
-    axes[0].plot(alphas, theory.expected_tokens_per_call(alphas, K), label=f"K={K}")
-axes[0].set(xlabel="α", ylabel="tokens per target call"); axes[0].legend(fontsize=8)
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.7))
 for alpha_, colour in [(0.6, "tab:red"), (0.8, "tab:blue"), (0.9, "tab:green")]:
-    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, v_fit(K)) for K in Kgrid], "-", color=colour,
+    axes[0].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, v_fit(K)) for K in Kgrid], "-", color=colour,
                  label=f"α={alpha_}")
-    axes[1].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour)
-axes[1].axhline(1, color="gray", lw=0.8)
-axes[1].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}", title="solid: fitted v(K); dashed: v = 1")
-axes[1].legend(fontsize=7)
+    axes[0].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour)
+axes[0].axhline(1, color="gray", lw=0.8)
+axes[0].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}", title="solid: fitted v(K); dashed: v = 1")
+axes[0].legend(fontsize=7)
 grid = np.linspace(0.3, 0.95, 27)
 for cost, style in [(c, "-"), (c / 10, "--")]:
-    axes[2].plot(grid, [theory.optimal_K(x, cost, v_fit) for x in grid], style, color="tab:blue",
+    axes[1].plot(grid, [theory.optimal_K(x, cost, v_fit) for x in grid], style, color="tab:blue",
                  label=f"c={cost:.3f}, fitted v(K)")
-    axes[2].plot(grid, [theory.optimal_K(x, cost) for x in grid], style, color="tab:orange", label=f"c={cost:.3f}, v=1")
-axes[2].set(xlabel="α", ylabel="best K"); axes[2].legend(fontsize=7)
+    axes[1].plot(grid, [theory.optimal_K(x, cost) for x in grid], style, color="tab:orange", label=f"c={cost:.3f}, v=1")
+axes[1].set(xlabel="α", ylabel="best K"); axes[1].legend(fontsize=7)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # With v = 1 the best K grows quickly with α; a v(K) that rises makes every drafted token cost
-# verification time too, and the best K stays small.
+# verification time too, and the best K stays smaller.
 #
 # ## A small race: prediction beside measurement
 #
@@ -179,8 +176,11 @@ alpha = theory.alpha_from_trace(np.concatenate([np.asarray(tr.n_accepted[:int(tr
 print(f"measured: α = {alpha:.3f}, from {2 * SEEDS} calibration runs at K = 4, temperature {TEMPERATURE}")
 
 keys = [jax.random.key(seed) for seed in range(SEEDS)]
+
+
 def timed(fn):  # one sampler's SEEDS runs, as one contender
     return lambda: [jax.block_until_ready(fn(k)) for k in keys]
+
 
 runs = {"autoregressive": timed(lambda k: picospec.autoregressive_sample(
     target, prompt, N_TOKENS, k, temperature=TEMPERATURE))}
@@ -206,7 +206,7 @@ for r in rows:
           f"{r['speedup']:10.2f}x {r['predicted']:18.2f}x {r['predicted_v1']:20.2f}x")
 
 # %% [markdown]
-# ## Where the prediction and the race part
+# ## Where prediction and race differ
 #
 # The formula counts an iteration as K draft calls and one K + 1-token target call, each timed alone,
 # and an autoregressive step as one target call. The race can be read in the same unit: each
@@ -235,8 +235,9 @@ for r in rows:
 # Predict first, then run.
 # 1. TEMPERATURE = 0: a draft is accepted exactly when it is the target's argmax. Does α rise or fall?
 #    Which K does `theory.optimal_K(alpha, c, v_fit)` then pick, and does the race agree?
-# 2. Make the draft free in the prediction (c = 0). How much of the gap between the measured speedup
-#    and the ideal (1 − α^(K+1)) / (1 − α) is the draft's cost, and how much is verification's v(K)?
+# 2. Make the draft free in the prediction (c = 0), then verification too (v = 1). Of the gap between
+#    the ideal (1 − α^(K+1)) / (1 − α) and the prediction, how much is the draft's cost and how much
+#    is v(K)? How much of the measured speedup's shortfall is neither?
 # 3. A batch of B prompts makes the one-token call carry B rows, and so uses the idle arithmetic
 #    itself. Predict v_B(4) for B = 8, then measure it:
 #    `from picospec.tools.bench_batch import batched_forward_time`;
