@@ -25,13 +25,15 @@ import numpy as np
 from huggingface_hub import try_to_load_from_cache
 
 from picospec import theory
-from picospec.gpt2 import Model
+from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.ngram import NGramDraft
 from picospec.sampling import autoregressive_sample, buffers
 from picospec.speculative import speculative_sample
 from picospec.tools.bench_batch import batch_report
+from picospec.tools.config import config_json
 from picospec.tools.reference import transformers_assisted, transformers_decode
 from picospec.tools.report import cpu_name, markdown
+from picospec.tools.tensors import save_params
 from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
 from picospec.tools.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
 
@@ -53,11 +55,11 @@ def resolve(name: str) -> tuple[str, bool]:
     if isinstance(try_to_load_from_cache(HUB_REPOS[name], "model.safetensors"), str):  # cache only
         return name, True
     folder = RANDOM_DIR / f"random-{name}"
-    if not (folder / "model.safetensors").exists():
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-        torch.manual_seed(0)
-        GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
+    if not (folder / "model.safetensors").exists():  # GPT-2's own init, in the hub's layout (transformers reads it)
+        config = GPT2Config(**SHAPES[name])
+        folder.mkdir(parents=True, exist_ok=True)
+        save_params(init_params(config, jax.random.key(0)), folder / "model.safetensors")
+        (folder / "config.json").write_text(json.dumps(config_json(config), indent=2) + "\n")
     return str(folder), False
 
 

@@ -12,6 +12,7 @@ the target takes about 70 minutes and the draft 45.
 """
 
 import argparse
+import dataclasses
 import json
 import re
 import subprocess
@@ -24,9 +25,10 @@ import numpy as np
 import optax
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from picospec.config import GPT2Config
-from picospec.gpt2 import Model, init_cache, init_params, lm_head, transformer
+from picospec import fastpath
+from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.speculative import speculative_sample
+from picospec.tools.config import config_json
 from picospec.tools.weights import load_model, save_checkpoint
 
 VOCAB, CONTEXT = 2048, 256
@@ -43,7 +45,7 @@ STORED = np.float16  # the dtype of the bundled files: half of float32's bytes; 
 def as_stored(model: Model) -> Model:
     """The model exactly as its file will hold it: every later figure is of the shipped weights."""
     rounded = jax.tree_util.tree_map(lambda x: x.astype(STORED).astype(jnp.float32), model.params)
-    return Model(model.config, rounded)
+    return dataclasses.replace(model, params=rounded)
 
 
 def corpus() -> tuple[str, str]:
@@ -80,10 +82,8 @@ def batches(tokens: np.ndarray, batch: int, rng: np.random.Generator):
 
 
 def batch_logits(params, config, x):  # [B, T] -> [B, T, V], picospec's own forward pass
-    def one(tokens):
-        h, _ = transformer(params, tokens, init_cache(config, tokens.shape[0]), config)
-        return lm_head(params, h)
-    return jax.vmap(one)(x)
+    model = fastpath.fast(Model(config, params))
+    return jax.vmap(lambda tokens: forward(model, tokens, init_cache(config, tokens.shape[0]))[0])(x)
 
 
 def loss_fn(params, config, x, y_probs=None):
@@ -114,7 +114,7 @@ def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=3
         params, opt_state, loss = step(params, opt_state, jnp.asarray(next(data)))
         if i % 50 == 0 or i == steps - 1:
             log(f"  step {i:5d}/{steps}  loss {float(loss):.3f}  {time.time() - t0:6.0f}s")
-    return Model(config, params)
+    return fastpath.fast(Model(config, params))
 
 
 def perplexity(model: Model, tokens: np.ndarray) -> float:
@@ -196,7 +196,7 @@ def main(argv=None):
               "corpus": "King James Bible (Debian bible-kjv), every 20th chapter held out",
               "training_tokens": len(train_tokens), "held_out_tokens": len(held_tokens), "models": {}}
     for name, model in [("target", target), *drafts.items()]:
-        entry = {"params": n_params(model), "config": model.config.to_json(),
+        entry = {"params": n_params(model), "config": config_json(model.config),
                  "held_out_perplexity": perplexity(model, held_tokens)}
         if model is not target:
             for temperature in (0.0, 1.0):
