@@ -24,7 +24,7 @@ import jax
 
 import picospec
 import picospec.tools.timing  # noqa: F401  (package.tools.timing below)
-from picospec.tools.bench import resolve
+from picospec.tools.gpt2_shapes import resolve
 from picospec.tools.report import cpu_name
 from picospec.tools.timing import race
 
@@ -44,7 +44,7 @@ def import_revision(rev: str, folder: Path):
     return package
 
 
-def race_pair(packages: dict, draft_name: str, target_name: str, K: int, n_tokens: int) -> dict:
+def race_pair(packages: dict, draft_name: str, target_name: str, K: int, n_tokens: int, rounds: int) -> dict:
     prompt = list(range(100, 108))
     runs, calls = {}, {}
     for tag, package in packages.items():
@@ -55,12 +55,12 @@ def race_pair(packages: dict, draft_name: str, target_name: str, K: int, n_token
         runs[f"{tag} speculative"] = (lambda p=package, d=draft, t=target: p.speculative_sample(
             d, t, prompt, n_tokens, jax.random.key(0), K=K, temperature=0)[0].block_until_ready())
     t = {}  # each package times its own calls (their forward functions differ); the two alternate
-    for _ in range(3):
+    for _ in range(rounds):
         for tag, package in packages.items():
             own = {name: call for name, call in calls.items() if name.startswith(tag)}
             for name, seconds in package.tools.timing.forward_times(own, capacity=64, rounds=2).items():
                 t[name] = min(seconds, t.get(name, seconds))
-    return t | race(rounds=3, **runs)[0]
+    return t | race(rounds=rounds, **runs)[0]
 
 
 def main(argv=None):
@@ -69,6 +69,7 @@ def main(argv=None):
     parser.add_argument("--pairs", default="tiny-draft:tiny-target", help="DRAFT:TARGET,... (default the bundled pair)")
     parser.add_argument("--K", type=int, default=4)
     parser.add_argument("--n-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the race; each contender keeps its fastest")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         packages = {"now": picospec, "then": import_revision(args.against, Path(folder))}
@@ -76,7 +77,7 @@ def main(argv=None):
         print("| pair | what | now | then | now / then |\n|---|---|---|---|---|")
         for pair in args.pairs.split(","):
             names = [resolve(name)[0] for name in pair.split(":")]
-            t = race_pair(packages, *names, args.K, args.n_tokens)
+            t = race_pair(packages, *names, args.K, args.n_tokens, args.rounds)
             rows = [("target call, 1 token (ms)", "target 1", 1e3), (f"target call, {args.K + 1} tokens (ms)",
                     f"target {args.K + 1}", 1e3), ("draft call, 1 token (ms)", "draft 1", 1e3),
                     (f"autoregressive, {args.n_tokens} tokens (s)", "autoregressive", 1),

@@ -22,7 +22,8 @@ def prompts(seed=0, lengths=LENGTHS):
     return [[int(t) for t in rng.integers(0, 16, n)] for n in lengths]
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.8, top_k=5, stop_at_eos=True)], ids=str)
+@pytest.mark.parametrize("kw", [pytest.param(dict(temperature=0.0), marks=pytest.mark.slow),
+                                dict(temperature=0.8, top_k=5, stop_at_eos=True)], ids=str)
 def test_every_row_is_its_single_prompt_call(kw):
     rows = prompts()
     keys = jax.random.split(jax.random.key(3), len(rows))

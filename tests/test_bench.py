@@ -14,9 +14,27 @@ from picospec.tools import bench
 from picospec.tools.timing import forward_times, iteration_calls
 
 
+PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
+
+
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
+    """One dtype, no start-up or batch rows: the slow variant below runs every part."""
     out = tmp_path / "bench.json"
-    pair = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
+    bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", PAIR, "--K", "2", "--v-K", "1", "--n-tokens", "12",
+                "--no-transformers", "--startup", "", "--dtype", "float32", "--out", str(out), "--batch", ""])
+    report = json.loads(out.read_text())
+    [decode], [pair_report] = report["decode"], report["pairs"]
+    assert decode["picospec_ms_per_token"] > 0 and decode["transformers_ms_per_token"] is None
+    assert set(pair_report["v"]) == {"1", "2"} and pair_report["c"] > 0
+    [row] = pair_report["rows"]
+    assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1
+    assert "| K | alpha |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_every_part_of_the_benchmark_runs_on_tiny_models(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    pair = PAIR
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", pair, "--K", "2", "--v-K", "1",
                 "--n-tokens", "12", "--no-transformers", "--startup", pair, "--dtype", "float32,bfloat16", "--out", str(out),
                 "--batch", "2", "--batch-pairs", pair])
