@@ -1,17 +1,16 @@
 """picospec: speculative sampling on GPT-2, from scratch in JAX."""
 
-from picospec.batch import autoregressive_sample_batch, speculative_sample_batch
-from picospec.config import GPT2Config
 from picospec.errors import PicospecError
-from picospec.gpt2 import KVCache, Model, forward, init_cache, logits
+from picospec.gpt2 import GPT2Config, KVCache, Model, forward, init_cache, logits
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling, autoregressive_sample
-from picospec.speculative import Trace, speculative_sample
+from picospec.speculative import speculative_sample
+from picospec.state import Trace
+from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
 from picospec.tools.weights import load_model, load_tokenizer
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",
     "autoregressive_sample", "autoregressive_sample_batch", "forward", "init_cache", "load_model", "load_tokenizer",
-    "logits",
-    "speculative_sample", "speculative_sample_batch",
+    "logits", "speculative_sample", "speculative_sample_batch",
 ]

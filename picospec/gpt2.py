@@ -1,13 +1,12 @@
 """GPT-2 in JAX: the forward pass, with a tiny explicit KV cache.
 
 Params are a plain pytree named after the checkpoint's own tensors (`h[3]["attn"]["c_attn"]["weight"]`
-is `h.3.attn.c_attn.weight`). The dense weights are kept as [out, in], like `torch.nn.Linear` and the
-token embedding, so every matrix product contracts each weight row with the input: on CPU that is
-the memory-friendly way round (a row is one contiguous read). GPT-2's checkpoints store them the
-other way, [in, out] (its Conv1D); the loader transposes them once.
+is `h.3.attn.c_attn.weight`). Dense weights are kept as [out, in], like `torch.nn.Linear` and the
+token embedding, so every product is `x @ w.T`; GPT-2's checkpoints store them [in, out] (its
+Conv1D), and the loader transposes them once.
 
-Notation: T = tokens fed in this call, S = the cache's capacity (max_len), C = n_embd,
-H = n_head, D = C // H, V = vocab_size.
+Notation: T = tokens fed in this call, S = the cache's capacity, C = n_embd, H = n_head,
+D = C // H, V = vocab_size.
 
 The cache is fixed buffers plus a length. A call writes its T keys/values at [length, length + T)
 with `lax.dynamic_update_slice` and returns length + T. Rolling back is setting the length back:
@@ -16,20 +15,39 @@ slots at or beyond the length are stale, and the causal mask never lets a query 
 
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from picospec.config import GPT2Config
 from picospec.errors import PicospecError
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["params"], meta_fields=["config"])
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block (gpt2-xl has 25: nothing assumes a power of two)
+    n_embd: int = 768  # C, the residual width; each head has C // n_head channels
+    n_positions: int = 1024  # context length: rows of wpe, and the most a cache can hold
+    vocab_size: int = 50257  # rows of wte, which doubles as the (tied) LM head
+    layer_norm_epsilon: float = 1e-5
+    eos_token_id: int | None = 50256  # <|endoftext|>; None if the checkpoint does not say
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def matmul(x, w):  # [T, in], [out, in] -> [T, out]: x @ w.T, summed in float32 whatever the dtype
+    return jnp.matmul(x.astype(w.dtype), w.T, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["params"], meta_fields=["config", "matmul"])
 @dataclass(frozen=True)
 class Model:
     config: GPT2Config  # static: part of what jit compiles for
     params: dict  # the checkpoint's tensors, as jax arrays
+    matmul: Callable = matmul  # static: how x @ w.T is computed (load_model picks picospec.fastpath's)
 
 
 class KVCache(NamedTuple):
@@ -56,29 +74,6 @@ def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
     return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype) * weight + bias
 
 
-def matmul(x, w):  # [T, in], [out, in] -> [T, out], accumulated in float32 whatever w's dtype
-    """x @ w.T written as w @ x.T: the weight is the product's LEFT operand.
-
-    XLA:CPU hands every product of two or more rows to its GEMM library, which streams a large
-    left operand well and a large right operand badly: with the weight on the left, GPT-2 1558M
-    scores 5 tokens in 1.45x the time of one instead of 2.82x (4 tokens: 1.20x instead of 2.76x).
-    The library does 2, 4 and 8 rows in one pass but 5-7 in two, so rows are padded to a power of
-    two. A lone float32 row keeps XLA's own matrix-vector loop (at the memory roofline); bfloat16
-    has no fast one (10x slower), so a lone bfloat16 row goes in padded to two. The barriers stop
-    XLA folding the transpose back into the slow orientation.
-    """
-    T = x.shape[0]
-    rows = max(1 << (T - 1).bit_length(), 1 if w.dtype == jnp.float32 else 2)  # 1, 2, 4, 8, 16...
-    x_padded = jax.lax.optimization_barrier(jnp.pad(x.astype(w.dtype), ((0, rows - T), (0, 0))))  # [rows, in]
-    y = jax.lax.dot_general(w, x_padded, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    y = jax.lax.optimization_barrier(y)  # [out, rows]
-    return y.T[:T].astype(x.dtype)  # [T, out]
-
-
-def linear(x, weight, bias):  # [T, in], [out, in], [out] -> [T, out]
-    return matmul(x, weight) + bias
-
-
 def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H, D]
     S, D = k.shape[1], k.shape[2]
     scores = jnp.einsum("thd,hsd->hts", q, k) / jnp.sqrt(D).astype(q.dtype)  # [H, T, S]
@@ -87,14 +82,14 @@ def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H,
     visible = jnp.arange(S)[None, :] <= q_pos[:, None]  # [T, S]
     scores = jnp.where(visible, scores.astype(jnp.float32), -jnp.inf)  # [H, T, S]
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [H, T, S]
-    # [H, T, D] first: XLA emits "hts,hsd->thd" as a slow loop of its own for T >= 2, not a GEMM call.
     return jnp.einsum("hts,hsd->htd", weights, v).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
 
 
-def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps):
+def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul):
     """One transformer block: x [T, C] at positions q_pos [T], with this layer's cache buffers
     k_cache, v_cache [H, S, D]. Returns x [T, C] and the buffers with this call's keys/values written."""
     T, C = x.shape
+    linear = lambda x, weight, bias: matmul(x, weight) + bias  # noqa: E731  [T, in] -> [T, out]
     h = layer_norm(x, ln_1["weight"], ln_1["bias"], eps)  # [T, C]
     qkv = linear(h, **attn["c_attn"]).reshape(T, 3, n_head, C // n_head)  # [T, 3C] -> [T, 3, H, D]
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [T, H, D] each
@@ -108,41 +103,38 @@ def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps):
     return x, k_cache, v_cache
 
 
-def transformer(params, tokens, cache: KVCache, config: GPT2Config):
+def transformer(model: Model, tokens, cache: KVCache):
     """The trunk: tokens [T] at positions [cache.length, cache.length + T) -> hidden [T, C], cache."""
+    params, config = model.params, model.config
     q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
     # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
     x = params["wte"]["weight"][tokens] + params["wpe"]["weight"][q_pos]  # [T, C]
     k_all, v_all = [], []
     for layer, k_cache, v_cache in zip(params["h"], cache.k, cache.v):
         x, k_cache, v_cache = block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
-                                   eps=config.layer_norm_epsilon)
+                                   eps=config.layer_norm_epsilon, matmul=model.matmul)
         k_all.append(k_cache)
         v_all.append(v_cache)
     x = layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon)  # [T, C]
     return x, KVCache(k_all, v_all, cache.length + tokens.shape[0])
 
 
-def lm_head(params, x):  # [T, C] -> [T, V] float32; the head is tied to the token embedding
-    return matmul(x.astype(jnp.float32), params["wte"]["weight"])
-
-
-@partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
-def forward(params, tokens, cache: KVCache, config: GPT2Config):
+@partial(jax.jit, donate_argnames=("cache",))
+def forward(model: Model, tokens, cache: KVCache):
     """Feed `tokens` after what `cache` holds.
 
     Args:
-      params: the checkpoint's tensors (see module docstring).
+      model: the Model (its config is static: one compile per model shape).
       tokens: int32 [T], placed at positions [cache.length, cache.length + T).
       cache: KVCache; donated (updated in place), so do not reuse the one you pass in.
-      config: the model's GPT2Config (static).
     Returns:
       logits: float32 [T, V], the next-token logits after each fed token.
       cache: the KVCache with these T positions written and length + T.
     The caller keeps cache.length + T <= S.
     """
-    x, cache = transformer(params, tokens, cache, config)
-    return lm_head(params, x), cache
+    x, cache = transformer(model, tokens, cache)
+    # The LM head is tied to the token embedding: [T, C] -> [T, V], in float32.
+    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), cache
 
 
 def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp.float32) -> dict:
@@ -181,4 +173,4 @@ def logits(model: Model, tokens) -> jax.Array:
         raise PicospecError(f"logits takes 1 to {model.config.n_positions} tokens (the model's context), "
                             f"got {len(tokens)}")
     cache = init_cache(model.config, len(tokens), model.params["wte"]["weight"].dtype)
-    return forward(model.params, tokens, cache, model.config)[0]
+    return forward(model, tokens, cache)[0]

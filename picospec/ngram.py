@@ -12,6 +12,7 @@ When nothing matches there is nothing to verify: the iteration is one plain targ
 that a lookup that finds nothing costs no more than autoregressive decoding.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -19,28 +20,31 @@ import jax
 import jax.numpy as jnp
 
 from picospec.errors import PicospecError
-from picospec.sampling import DecodeState, autoregressive_step
-from picospec.speculative import SpecState, record, verify
+from picospec.state import Proposal
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["max_n"])
+@partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["max_n", "vocab_size"])
 @dataclass(frozen=True)
 class NGramDraft:
     """The draft that looks up n-grams in the sequence so far (no weights, no cache). Static under jit."""
 
     max_n: int = 3  # the longest tail tried; then max_n - 1, ..., 1
+    vocab_size: int | None = None  # V of the one-hot p: the target's (speculative_sample sets it)
 
     def __post_init__(self):
         if not (isinstance(self.max_n, int) and self.max_n >= 1):
             raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {self.max_n}")
 
-    def speculative_step(self, target, state: SpecState, K: int, sampling, eos_id: int, key_accept, key_extra):
-        """One iteration with this draft: Step 1 is a lookup with a one-hot p; Steps 2-5 as for a model."""
-        drafted, found = lookup(state.tokens, state.n, self.max_n, K)
-        p = jax.nn.one_hot(drafted, target.config.vocab_size)  # [K, V]
-        return jax.lax.cond(found,
-                            lambda: verify(target, state, drafted, p, key_accept, key_extra, sampling, eos_id),
-                            lambda: plain_target_step(target, state, key_extra, sampling, eos_id))
+    def for_target(self, target) -> "NGramDraft":
+        return dataclasses.replace(self, vocab_size=target.config.vocab_size)
+
+    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> None:
+        return None  # nothing to keep: every lookup reads the sequence itself
+
+    def propose(self, tokens, n, cache, key, K: int, sampling) -> Proposal:
+        """Step 1 as a lookup: d_0..d_{K-1} with a one-hot p, or found = False when nothing matches."""
+        drafted, found = lookup(tokens, n, self.max_n, K)
+        return Proposal(drafted, jax.nn.one_hot(drafted, self.vocab_size), None, found)  # [K], [K, V]
 
 
 def lookup(tokens, n, max_n: int, K: int):
@@ -65,12 +69,3 @@ def lookup(tokens, n, max_n: int, K: int):
     drafted = jnp.take(tokens, n - shift + jnp.arange(K) % shift)  # [K]
     return drafted, found
 
-
-def plain_target_step(target, state: SpecState, key, sampling, eos_id: int) -> SpecState:
-    """No proposal: one token from the target, exactly as autoregressive sampling takes it."""
-    decoded = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, key, state.done),
-                                  sampling, eos_id)
-    K = state.trace.drafted.shape[1]
-    extra, zeros = decoded.tokens[state.n], jnp.zeros(K)
-    trace = record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), extra, False, zeros, zeros, zeros, False)
-    return SpecState(decoded.tokens, decoded.n, state.draft_cache, decoded.cache, state.key, decoded.done, trace)

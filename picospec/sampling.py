@@ -95,7 +95,7 @@ def prefill(model: Model, tokens, n, prefill_len: int, max_len: int) -> KVCache:
     """A cache of capacity max_len holding tokens[:n - 1], the prompt but its newest token.
     tokens: int32 [L]; n: int32 [] the prompt's length; prefill_len >= n: the padded length fed."""
     cache = init_cache(model.config, max_len, model.params["wte"]["weight"].dtype)
-    _, cache = transformer(model.params, tokens[:prefill_len], cache, model.config)
+    _, cache = transformer(model, tokens[:prefill_len], cache)
     return cache._replace(length=n - 1)  # the padding's slots are stale from here on
 
 
@@ -111,14 +111,14 @@ def autoregressive_step(model: Model, state: DecodeState, sampling: Sampling, eo
     """One token: feed the newest token, sample the next from the standardized distribution."""
     key, key_sample = jax.random.split(state.key)
     newest = jax.lax.dynamic_slice(state.tokens, (state.n - 1,), (1,))  # [1]
-    logits, cache = forward(model.params, newest, state.cache, model.config)  # [1, V]
+    logits, cache = forward(model, newest, state.cache)  # [1, V]
     token = sample(key_sample, logits_to_probs(logits[0], sampling), sampling.temperature == 0)
     tokens = state.tokens.at[state.n].set(token)
     return DecodeState(tokens, state.n + 1, cache, key, token == eos_id)
 
 
 @partial(jax.jit, static_argnames=("n_tokens", "sampling", "prefill_len", "max_len", "eos_id"))
-def _autoregressive(model, tokens, n_prompt, key, n_tokens, sampling, prefill_len, max_len, eos_id):
+def autoregressive_loop(model, tokens, n_prompt, key, n_tokens, sampling, prefill_len, max_len, eos_id):
     n_prompt = jnp.asarray(n_prompt, jnp.int32)
     cache = prefill(model, tokens, n_prompt, prefill_len, max_len)
     state = DecodeState(tokens, n_prompt, cache, key, jnp.array(False))
@@ -146,7 +146,7 @@ def autoregressive_sample(model: Model, prompt_tokens, n_tokens: int, key, *, te
     sampling = Sampling(temperature, top_k, top_p)
     tokens, prefill_len, max_len = buffers(prompt_tokens, n_tokens, 0, model.config)
     eos_id = eos_to_stop_at(model, stop_at_eos)
-    return _autoregressive(model, tokens, len(prompt_tokens), key, n_tokens, sampling, prefill_len,
+    return autoregressive_loop(model, tokens, len(prompt_tokens), key, n_tokens, sampling, prefill_len,
                            max_len, eos_id)
 
 

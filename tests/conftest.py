@@ -13,8 +13,7 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from picospec.config import GPT2Config  # noqa: E402
-from picospec.gpt2 import Model, init_params  # noqa: E402
+from picospec.gpt2 import GPT2Config, Model, init_params  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -29,7 +28,8 @@ def random_model(seed=0, n_layer=2, n_head=2, n_embd=16, vocab_size=8, n_positio
 def early_exit(model: Model, n_layer: int) -> Model:
     """The model's first n_layer blocks with its embeddings and final norm: a draft that agrees with
     its target part of the time, as a real draft does (two unrelated random models almost never do)."""
-    return Model(dataclasses.replace(model.config, n_layer=n_layer), {**model.params, "h": model.params["h"][:n_layer]})
+    return dataclasses.replace(model, config=dataclasses.replace(model.config, n_layer=n_layer),
+                               params={**model.params, "h": model.params["h"][:n_layer]})
 
 
 class CompileCounter:

@@ -9,7 +9,8 @@ from test_speculative import DRAFT, N_SAMPLES, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.batch import autoregressive_sample_batch, check_memory, speculative_sample_batch
+from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
+from picospec.tools.memory import check_memory
 
 BIG_TARGET = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
 BIG_DRAFT = early_exit(BIG_TARGET, 1)
@@ -21,7 +22,8 @@ def prompts(seed=0, lengths=LENGTHS):
     return [[int(t) for t in rng.integers(0, 16, n)] for n in lengths]
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.8, top_k=5, stop_at_eos=True)], ids=str)
+@pytest.mark.parametrize("kw", [pytest.param(dict(temperature=0.0), marks=pytest.mark.slow),
+                                dict(temperature=0.8, top_k=5, stop_at_eos=True)], ids=str)
 def test_every_row_is_its_single_prompt_call(kw):
     rows = prompts()
     keys = jax.random.split(jax.random.key(3), len(rows))
@@ -132,7 +134,7 @@ def test_the_batch_multiplies_each_weight_once_for_all_rows():
     products (each over 4x the rows), where a loop over rows would run 4x as many."""
     from picospec.gpt2 import forward, init_cache
     model = BIG_TARGET
-    row = lambda tokens, cache: forward(model.params, tokens, cache, model.config)[0]  # noqa: E731
+    row = lambda tokens, cache: forward(model, tokens, cache)[0]  # noqa: E731
     cache = init_cache(model.config, 64, np.float32)
     tokens, caches = np.zeros((4, 5), np.int32), jax.tree_util.tree_map(lambda x: np.stack([x] * 4), cache)
     one = products(row, tokens[0], cache)

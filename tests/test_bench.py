@@ -11,12 +11,30 @@ from conftest import DATA, random_model
 
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
-from picospec.tools.timing import _iteration_calls, forward_times
+from picospec.tools.timing import forward_times, iteration_calls
+
+
+PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 
 
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
+    """One dtype, no start-up or batch rows: the slow variant below runs every part."""
     out = tmp_path / "bench.json"
-    pair = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
+    bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", PAIR, "--K", "2", "--v-K", "1", "--n-tokens", "12",
+                "--no-transformers", "--startup", "", "--dtype", "float32", "--out", str(out), "--batch", ""])
+    report = json.loads(out.read_text())
+    [decode], [pair_report] = report["decode"], report["pairs"]
+    assert decode["picospec_ms_per_token"] > 0 and decode["transformers_ms_per_token"] is None
+    assert set(pair_report["v"]) == {"1", "2"} and pair_report["c"] > 0
+    [row] = pair_report["rows"]
+    assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1
+    assert "| K | alpha |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_every_part_of_the_benchmark_runs_on_tiny_models(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    pair = PAIR
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", pair, "--K", "2", "--v-K", "1",
                 "--n-tokens", "12", "--no-transformers", "--startup", pair, "--dtype", "float32,bfloat16", "--out", str(out),
                 "--batch", "2", "--batch-pairs", pair])
@@ -62,18 +80,18 @@ def test_the_timed_iteration_makes_K_draft_calls_then_one_target_call_and_rolls_
     draft, target, K = random_model(seed=1, vocab_size=16), random_model(seed=2, vocab_size=16), 3
 
     def prefilled(m):  # 5 positions cached (forward donates its cache: a fresh one each time)
-        return forward(m.params, jnp.arange(5) % 16, init_cache(m.config, 32), m.config)[1]
+        return forward(m, jnp.arange(5) % 16, init_cache(m.config, 32))[1]
 
     def by_hand(token):  # one iteration, written out: greedy drafts, then the target over all of them
         cache, block = prefilled(draft), [token]
         for _ in range(K):
-            logits, cache = forward(draft.params, jnp.array([block[-1]]), cache, draft.config)
+            logits, cache = forward(draft, jnp.array([block[-1]]), cache)
             block.append(int(jnp.argmax(logits[-1])))
-        logits, _ = forward(target.params, jnp.array(block), prefilled(target), target.config)
+        logits, _ = forward(target, jnp.array(block), prefilled(target))
         return int(jnp.argmax(logits[-1]))
 
     # Rolled back, every iteration starts from the same caches: n iterations chain n hand-made ones.
-    got = _iteration_calls(draft, target, K, jnp.int32(2), prefilled(draft), prefilled(target))
+    got = iteration_calls(draft, target, K, jnp.int32(2), prefilled(draft), prefilled(target))
     np.testing.assert_array_equal(got, [by_hand(by_hand(0))])
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import DATA
 
 from picospec.tools import cli
+from picospec.tools.show import show
 from picospec.tools.stream import Step
 
 PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]
@@ -81,12 +82,12 @@ def test_colours_on_a_terminal_and_no_color(monkeypatch):
     step = Step(tokens=[40, 41, 42], drafted=[40, 41, 50], accepted=2)
     monkeypatch.delenv("NO_COLOR", raising=False)
     out = FakeTerminal()
-    cli._show(out, tokenizer, [], step, "speculative", "")
+    show(out, tokenizer, [], step, "speculative", "")
     text = out.getvalue()
     assert "\033[32m" in text and "\033[33m" in text and "\033[9;31m" in text  # accepted, resample, rejected
     monkeypatch.setenv("NO_COLOR", "1")
     out = FakeTerminal()
-    cli._show(out, tokenizer, [], step, "speculative", "")
+    show(out, tokenizer, [], step, "speculative", "")
     assert out.getvalue() == tokenizer.decode([40, 41, 42])
 
 
@@ -247,8 +248,8 @@ def test_a_missing_prompt_file_is_one_line_exit_2(capsys, tmp_path):
 
 
 def test_a_batch_too_large_for_memory_is_refused_before_allocating(capsys, tmp_path, monkeypatch):
-    from picospec import batch
-    monkeypatch.setattr(batch, "available_memory", lambda: 10 ** 6)  # as if 1 MB were free
+    from picospec.tools import memory
+    monkeypatch.setattr(memory, "available_memory", lambda: 10 ** 6)  # as if 1 MB were free
     file = tmp_path / "prompts.txt"
     file.write_text("The quick\n" * 200)
     code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(file), "--n-tokens", "10")

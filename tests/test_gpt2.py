@@ -47,19 +47,19 @@ def test_cache_decoding_equals_full_forward_pass_with_rollback():
     p, c = model.params, model.config
     cache = init_cache(c)
     got = []
-    out, cache = forward(p, tokens[:7], cache, c)  # prompt
+    out, cache = forward(model, tokens[:7], cache)  # prompt
     got.append(out)
     for i in range(7, 10):  # one token at a time
-        out, cache = forward(p, tokens[i:i + 1], cache, c)
+        out, cache = forward(model, tokens[i:i + 1], cache)
         got.append(out)
     # Feed 3 wrong tokens, then roll back by moving the length: their stale slots must not leak.
     junk = (tokens[10:13] + 1) % c.vocab_size
-    _, cache = forward(p, junk, cache, c)
+    _, cache = forward(model, junk, cache)
     cache = cache._replace(length=cache.length - 3)
     for i in range(10, 28, 3):  # blocks of 3 (as a K=2 verification would feed)
-        out, cache = forward(p, tokens[i:i + 3], cache, c)
+        out, cache = forward(model, tokens[i:i + 3], cache)
         got.append(out)
-    out, cache = forward(p, tokens[28:30], cache, c)
+    out, cache = forward(model, tokens[28:30], cache)
     got.append(out)
     assert int(cache.length) == 30
     np.testing.assert_allclose(jnp.concatenate(got), full, atol=1e-5)
@@ -69,16 +69,16 @@ def test_decoding_at_new_positions_compiles_nothing_new(compiles):
     model = random_model(seed=3)
     p, c = model.params, model.config
     cache = init_cache(c)
-    _, cache = forward(p, jnp.zeros(1, jnp.int32), cache, c)  # warm up both shapes
-    _, cache = forward(p, jnp.zeros(5, jnp.int32), cache, c)
+    _, cache = forward(model, jnp.zeros(1, jnp.int32), cache)  # warm up both shapes
+    _, cache = forward(model, jnp.zeros(5, jnp.int32), cache)
     before = compiles.count
     for _ in range(5):
-        _, cache = forward(p, jnp.ones(1, jnp.int32), cache, c)
-        _, cache = forward(p, jnp.ones(5, jnp.int32), cache, c)
+        _, cache = forward(model, jnp.ones(1, jnp.int32), cache)
+        _, cache = forward(model, jnp.ones(5, jnp.int32), cache)
         cache = cache._replace(length=cache.length - 2)
     assert compiles.count == before
     # The control: a new block size does compile, so the counter sees compilations.
-    forward(p, jnp.ones(3, jnp.int32), cache, c)
+    forward(model, jnp.ones(3, jnp.int32), cache)
     assert compiles.count > before
 
 

@@ -28,7 +28,7 @@ def test_a_second_run_of_the_same_command_compiles_nothing(tmp_path):
         return out.stdout, sorted(os.listdir(folder))
 
     text_cold, entries_cold = run()
-    assert any("speculative_step" in name for name in entries_cold)  # the sampling step was stored
+    assert any("speculative_iteration" in name for name in entries_cold)  # the sampling step was stored
     text_warm, entries_warm = run()
     assert entries_warm == entries_cold  # nothing new was compiled, so nothing new was stored
     assert text_warm == text_cold

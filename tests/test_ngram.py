@@ -51,7 +51,7 @@ def test_stale_slots_beyond_the_sequence_are_ignored():
     assert bool(found) and drafted.tolist() == [9, 9, 4]  # from the real "9 9" after the first "4 5"
 
 
-@pytest.mark.parametrize("K", [1, 3, 5])
+@pytest.mark.parametrize("K", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_greedy_with_ngram_draft_equals_target_alone(K):
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     rng = np.random.default_rng(K)
@@ -65,7 +65,8 @@ def test_greedy_with_ngram_draft_equals_target_alone(K):
     assert proposed > 0
 
 
-@pytest.mark.parametrize("kw", [dict(K=2, temperature=1.0), dict(K=3, temperature=0.7, top_k=4)])
+@pytest.mark.parametrize("kw", [dict(K=2, temperature=1.0),
+                                pytest.param(dict(K=3, temperature=0.7, top_k=4), marks=pytest.mark.slow)])
 def test_ngram_draft_keeps_the_target_joint_law(kw):
     prompt = PROMPT + PROMPT + [1]  # the tail "1" has occurred: lookups will find matches
     keys = jax.random.split(jax.random.key(4), N_SAMPLES)

@@ -13,8 +13,8 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from conftest import early_exit, random_model
-from picospec.batch import speculative_sample_batch
-from picospec.sharding import make_mesh, shard_model, shard_rows
+from picospec.tools.batches import speculative_sample_batch
+from picospec.tools.sharding import make_mesh, shard_model, shard_rows
 
 target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
 draft = early_exit(target, 1)
@@ -40,7 +40,7 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("n_devices", [2, 4, 8])
+@pytest.mark.parametrize("n_devices", [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_sharded_batches_give_the_one_device_outputs(n_devices):
     tests = str(Path(__file__).parent)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu"}

@@ -102,11 +102,12 @@ def speculative_triples(K, **kw):
     return np.asarray(out) @ np.array([V * V, V, 1])  # [N] index of (t1, t2, t3)
 
 
+SLOW = pytest.mark.slow  # exhaustive variants: `pytest -m slow`
 SETTINGS = [
-    dict(K=1, temperature=1.0),
+    pytest.param(dict(K=1, temperature=1.0), marks=SLOW),
     dict(K=4, temperature=1.0),
-    dict(K=2, temperature=0.7, top_k=3),
-    dict(K=3, temperature=1.3, top_p=0.8),
+    pytest.param(dict(K=2, temperature=0.7, top_k=3), marks=SLOW),
+    pytest.param(dict(K=3, temperature=1.3, top_p=0.8), marks=SLOW),
     dict(K=2, temperature=0.5, top_k=4, top_p=0.9),
 ]
 
@@ -134,7 +135,7 @@ def test_whole_loop_controls_draft_law_and_wrong_residual_are_detected(monkeypat
 
 # ---- greedy: token-identical to the target alone ----
 
-@pytest.mark.parametrize("K", [1, 2, 4, 7])
+@pytest.mark.parametrize("K", [1, pytest.param(2, marks=SLOW), 4, pytest.param(7, marks=SLOW)])
 def test_greedy_speculative_equals_greedy_target(K):
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     draft = early_exit(target, 1)

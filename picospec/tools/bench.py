@@ -22,7 +22,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from huggingface_hub import try_to_load_from_cache
 
 from picospec import theory
 from picospec.gpt2 import Model
@@ -30,35 +29,19 @@ from picospec.ngram import NGramDraft
 from picospec.sampling import autoregressive_sample, buffers
 from picospec.speculative import speculative_sample
 from picospec.tools.bench_batch import batch_report
+from picospec.tools.gpt2_shapes import resolve
 from picospec.tools.reference import transformers_assisted, transformers_decode
 from picospec.tools.report import cpu_name, markdown
 from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
-from picospec.tools.weights import HUB_REPOS, checkpoint_file, load_model, load_tokenizer
+from picospec.tools.weights import checkpoint_file, load_model, load_tokenizer
 
-SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
 GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
-RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))
 # jaymody/speculative-sampling's published run: GPT-2 124M drafting for 1558M, K = 4, greedy, 40 tokens,
 # 60.64 s autoregressive against 27.15 s speculative (2.23x), in NumPy without a KV cache. Without a
 # cache a call costs in proportion to the parameters and hardly more for K + 1 tokens than for one, so
 # c is the parameter ratio and v = 1; theory then says a drafted token was accepted with JAYMODY_ALPHA.
 JAYMODY = dict(speedup=60.64 / 27.15, K=4, c=124_439_808 / 1_557_611_200, v=1.0)
 JAYMODY_ALPHA = theory.alpha_from_speedup(**JAYMODY)  # 0.732
-
-
-def resolve(name: str) -> tuple[str, bool]:
-    """(name or folder, is_real): the real checkpoint if cached, else a random one of its shape."""
-    if name not in SHAPES:
-        return name, True
-    if isinstance(try_to_load_from_cache(HUB_REPOS[name], "model.safetensors"), str):  # cache only
-        return name, True
-    folder = RANDOM_DIR / f"random-{name}"
-    if not (folder / "model.safetensors").exists():
-        import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
-        torch.manual_seed(0)
-        GPT2LMHeadModel(GPT2Config(**SHAPES[name])).save_pretrained(folder)
-    return str(folder), False
 
 
 def picospec_decode(model: Model, prompt, m: int):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec import theory
-from picospec.batch import autoregressive_sample_batch, speculative_sample_batch
+from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.tools.timing import race
 
@@ -29,16 +29,16 @@ def batched_forward_time(model: Model, B: int, T: int, calls=8) -> float:
     dtype = model.params["wte"]["weight"].dtype
 
     @jax.jit
-    def loop(params, caches):
+    def loop(model, caches):
         def call(_, carry):
             tokens, caches = carry
-            logits, new = jax.vmap(lambda t, c: forward(params, t, c, model.config))(tokens, caches)
+            logits, new = jax.vmap(lambda t, c: forward(model, t, c))(tokens, caches)
             return jnp.argmax(logits, -1).astype(jnp.int32), new._replace(length=caches.length)
         return jax.lax.fori_loop(0, calls, call, (jnp.zeros((B, T), jnp.int32), caches))[0]
 
     cache = init_cache(model.config, 64, dtype)._replace(length=jnp.int32(32))
     caches = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), cache)
-    t, _ = race(rounds=3, run=lambda: loop(model.params, caches).block_until_ready())
+    t, _ = race(rounds=3, run=lambda: loop(model, caches).block_until_ready())
     return t["run"] / calls
 
 

@@ -2,16 +2,10 @@
 
 import html
 
-from picospec.tools.stream import Step
+from picospec.tools.stream import Step, extra_kind  # noqa: F401  (extra_kind: for the notebooks too)
 
 VERDICT_COLOURS = {"accepted": "#c8f7c5", "rejected": "#f7c5c5", "resample": "#fbe7a1",
                    "bonus": "#b9d7f7", "dropped": "#eeeeee", "target": "#dddddd"}
-
-
-def extra_kind(step: Step) -> str:
-    """How the token after the accepted drafts came to be: the bonus, a resample, or (the n-gram draft
-    found nothing) a plain target step."""
-    return "bonus" if step.bonus else ("resample" if step.proposed else "target")
 
 
 def verdicts(step: Step) -> list[str]:

@@ -1,36 +1,53 @@
-"""Running a sampler one iteration at a time, so the CLI and notebooks can show each as it happens.
+"""Running the samplers one iteration at a time, so the CLI and notebooks can show each as it happens.
 
-The step functions are the very ones `speculative_sample` and `autoregressive_sample` loop over inside
-`lax.while_loop`; here a Python loop drives them, compiled ahead of time so that compile time is
-measured apart, and reads back one small record per iteration.
+One path for one prompt or many: the state is batched (one prompt is a batch of one), and every
+iteration steps all rows with the very step functions that `speculative_sample` and
+`autoregressive_sample` loop over, vmapped as picospec.batch vmaps them, keeping what the finished
+rows produced. Each row's tokens are therefore exactly those of the single-prompt samplers. The
+programs are compiled ahead of time, so that compile time is measured apart, and one small read per
+iteration comes back to the host.
 """
 
 import inspect
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from picospec.batch import batch_buffers
+from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import Model
-from picospec.sampling import DecodeState, Sampling, autoregressive_step, buffers, prefill
-from picospec.speculative import Trace, check_pair, speculative_step, start
+from picospec.sampling import DecodeState, Sampling, autoregressive_step, prefill
+from picospec.speculative import speculative_step, start
+from picospec.state import Trace
+from picospec.tools.memory import check_memory
 
 
 @dataclass
 class Step:
-    """What one iteration added. For a speculative iteration, `drafted[:accepted]` were accepted and
-    `tokens[-1]` is the resample or bonus; an autoregressive step has only `tokens`."""
+    """What one iteration added to one row. For a speculative iteration, `drafted[:accepted]` were
+    accepted and `tokens[-1]` is the resample or bonus; an autoregressive step has only `tokens`."""
 
-    tokens: list[int]  # the tokens appended, cut at n_tokens
+    tokens: list[int]  # the tokens appended, cut at n_tokens (and after <|endoftext|> when stopping there)
     drafted: list[int] = field(default_factory=list)
     accepted: int = 0
     bonus: bool = False
     p: list[float] = field(default_factory=list)  # p[i](d_i), the draft's probability of d_i
     q: list[float] = field(default_factory=list)  # q[i](d_i), the target's
     u: list[float] = field(default_factory=list)  # the uniforms: accept iff u < q / p
-    proposed: bool = True  # False: the n-gram draft found nothing and the target stepped alone
+    proposed: bool = True  # False: the draft proposed nothing and the target stepped alone
+    finished: bool = False  # the row's last step
+    seconds: float = 0.0  # from the first iteration (prefill included) to the end of this one
+
+
+def extra_kind(step: Step) -> str:
+    """How the token after the accepted drafts came to be: the bonus, a resample, or (the draft
+    proposed nothing) a plain target step."""
+    return "bonus" if step.bonus else ("resample" if step.proposed else "target")
 
 
 @dataclass
@@ -39,11 +56,10 @@ class Timing:
     seconds: float = 0.0  # running them: prefill and every iteration
 
 
-def _compile(fn, *args, static=(), donate=(), **static_values):
+def compile_now(fn, *args, static=(), donate=(), **static_values):
     """jit `fn`, compile it for these arguments, and run it once (on copies of the donated ones);
     returns (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program on its
-    first run: on the bundled pair that run takes 40-70 ms more than the next, which is start-up
-    (counted with compiling, and in the benchmark's time to first token), not sampling speed."""
+    first run (tens of ms on the bundled pair): that is start-up, counted with compiling."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn, static_argnames=static, donate_argnames=donate).lower(*args, **static_values).compile()
     names = list(inspect.signature(fn).parameters)
@@ -52,36 +68,88 @@ def _compile(fn, *args, static=(), donate=(), **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def stream_speculative(draft, target: Model, prompt, n_tokens: int, key, *, K: int,
-                       sampling: Sampling, eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
-    """Yield one Step per iteration of speculative sampling (the same law as speculative_sample)."""
+def keep_finished(active, new, old):
+    """Rows where active [B] is False keep their old tokens, length, key and trace. Their caches are
+    never read again, so they take the new ones: selecting those would copy every cache, every step."""
+    caches = {name: getattr(new, name) for name in new._fields if name.endswith("cache")}
+    pick = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)  # noqa: E731
+    none = {name: None for name in caches}
+    return jax.tree_util.tree_map(pick, new._replace(**none), old._replace(**none))._replace(**caches)
+
+
+def speculative_iteration(draft, target, state, n_end, K, sampling, eos_id):
+    """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
+    trace row each wrote (all [B]: the one read the host makes)."""
+    active = (state.n < n_end) & ~state.done  # [B]
+    state = keep_finished(active, jax.vmap(lambda s: speculative_step(draft, target, s, K, sampling, eos_id))(state),
+                          state)
+    rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
+    return state, (active, (state.n < n_end) & ~state.done, rows)
+
+
+def autoregressive_iteration(model, state, n_end, sampling, eos_id):
+    """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
+    active = (state.n < n_end) & ~state.done
+    state = keep_finished(active, jax.vmap(lambda s: autoregressive_step(model, s, sampling, eos_id))(state), state)
+    return state, (active, (state.n < n_end) & ~state.done, state.tokens[jnp.arange(len(state.n)), state.n - 1])
+
+
+def autoregressive_start(model, tokens, n_prompt, keys, prefill_len, max_len):
+    def one(tokens, n, key):
+        return DecodeState(tokens, n, prefill(model, tokens, n, prefill_len, max_len), key, jnp.array(False))
+    return jax.vmap(one)(tokens, n_prompt, keys)
+
+
+def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
+           eos_id: int = -1, timing: Timing | None = None) -> Iterator[list[Step | None]]:
+    """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
+    autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
+    single-prompt call with keys[b] would)."""
     timing = timing or Timing()
-    check_pair(draft, target, K)
-    tokens, prefill_len, max_len = buffers(prompt, n_tokens, K, target.config)
-    static = dict(K=K, prefill_len=prefill_len, max_len=max_len)
-    init, s1 = _compile(start, draft, target, tokens, len(prompt), key, static=tuple(static), **static)
+    if draft is not None:
+        check_pair(draft, target, K)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
+    check_memory([m for m in (draft, target) if isinstance(m, Model)], len(prompts), max_len, 1 if draft is None else K + 1)
+    sizes = dict(prefill_len=prefill_len, max_len=max_len)
+    n_end = jnp.asarray(n_prompt + n_tokens)
+    if draft is None:
+        models = (target,)
+        init, s1 = compile_now(autoregressive_start, target, tokens, n_prompt, keys, static=tuple(sizes), **sizes)
+        iteration, options = autoregressive_iteration, dict(sampling=sampling, eos_id=eos_id)
+    else:
+        models = (as_draft(draft, target), target)
+        row_start = partial(start, K=K, **sizes)
+        batched_start = lambda d, t, x, n, k: jax.vmap(partial(row_start, d, t))(x, n, k)  # noqa: E731
+        init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys)
+        iteration, options = speculative_iteration, dict(K=K, sampling=sampling, eos_id=eos_id)
     t0 = time.perf_counter()
-    state = jax.block_until_ready(init(draft, target, tokens, len(prompt), key))
-    timing.seconds += time.perf_counter() - t0
-    step, s2 = _compile(_speculative_step_and_row, draft, target, state, static=("K", "sampling", "eos_id"),
-                        donate=("state",), K=K, sampling=sampling, eos_id=eos_id)
+    state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
+    prefill_seconds = time.perf_counter() - t0
+    step, s2 = compile_now(iteration, *models, state, n_end, static=tuple(options), donate=("state",), **options)
     timing.compile_seconds += s1 + s2
-    produced = 0
-    while produced < n_tokens:
+    produced, seconds = np.zeros(len(prompts), int), prefill_seconds
+    while True:
         t0 = time.perf_counter()
-        state, row = step(draft, target, state)
-        record = step_from_row(jax.device_get(row), n_tokens - produced)  # one small read per iteration
-        timing.seconds += time.perf_counter() - t0
-        produced += len(record.tokens)
-        yield record
-        if eos_id in record.tokens:
+        state, report = step(*models, state, n_end)
+        ran, running, rows = jax.device_get(report)  # the one read of the iteration
+        seconds += time.perf_counter() - t0
+        steps = [None] * len(prompts)
+        for b in np.flatnonzero(ran):
+            row = jax.tree_util.tree_map(lambda x: x[b], rows)
+            steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if draft is not None
+                        else Step(cut([int(row)], n_tokens - produced[b], eos_id)))
+            steps[b].finished, steps[b].seconds = not running[b], seconds
+            produced[b] += len(steps[b].tokens)
+        yield steps
+        if not running.any():
             break
+    timing.seconds += seconds
 
 
-def _speculative_step_and_row(draft, target, state, K, sampling, eos_id):
-    """One iteration, and its row of the trace: the host then reads a few numbers, not the trace."""
-    state = speculative_step(draft, target, state, K, sampling, eos_id)
-    return state, trace_row(state.trace, state.trace.n_steps - 1)
+def cut(tokens: list[int], n_left: int, eos_id: int) -> list[int]:
+    """The tokens still wanted: at most n_left, and none after <|endoftext|> (eos_id -1: no stop)."""
+    tokens = tokens[:n_left]
+    return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
 
 
 def trace_row(trace: Trace, i) -> Trace:
@@ -89,13 +157,13 @@ def trace_row(trace: Trace, i) -> Trace:
     return trace._replace(**{name: getattr(trace, name)[i] for name in Trace._fields if name != "n_steps"})
 
 
-def step_from_row(row: Trace, n_left: int) -> Step:
+def step_from_row(row: Trace, n_left: int, eos_id: int = -1) -> Step:
     """One row of a Trace as a Step, its tokens cut to the n_left still wanted."""
-    tokens = [int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)]
+    tokens = cut([int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)], n_left, eos_id)
     if not row.proposed:
-        return Step(tokens[:n_left], proposed=False)
-    return Step(tokens[:n_left], row.drafted.tolist(), int(row.n_accepted), bool(row.bonus), row.p.tolist(),
-                row.q.tolist(), row.u.tolist())
+        return Step(tokens, proposed=False)
+    return Step(tokens, row.drafted.tolist(), int(row.n_accepted), bool(row.bonus), row.p.tolist(), row.q.tolist(),
+                row.u.tolist())
 
 
 def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:
@@ -104,33 +172,3 @@ def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:
     for i in range(int(trace.n_steps)):
         steps.append(step_from_row(trace_row(trace, i), n_tokens - sum(len(s.tokens) for s in steps)))
     return steps
-
-
-def stream_autoregressive(model: Model, prompt, n_tokens: int, key, *, sampling: Sampling,
-                          eos_id: int = -1, timing: Timing | None = None) -> Iterator[Step]:
-    """Yield one Step per token of plain autoregressive sampling."""
-    timing = timing or Timing()
-    tokens, prefill_len, max_len = buffers(prompt, n_tokens, 0, model.config)
-    n = jnp.int32(len(prompt))
-    fill, s1 = _compile(prefill, model, tokens, n, static=("prefill_len", "max_len"),
-                        prefill_len=prefill_len, max_len=max_len)
-    t0 = time.perf_counter()
-    state = DecodeState(jnp.asarray(tokens), n, jax.block_until_ready(fill(model, tokens, n)), key,
-                        jnp.array(False))
-    timing.seconds += time.perf_counter() - t0
-    step, s2 = _compile(_autoregressive_step_and_token, model, state, static=("sampling", "eos_id"),
-                        donate=("state",), sampling=sampling, eos_id=eos_id)
-    timing.compile_seconds += s1 + s2
-    for _ in range(n_tokens):
-        t0 = time.perf_counter()
-        state, token = step(model, state)
-        token = int(token)
-        timing.seconds += time.perf_counter() - t0
-        yield Step([token])
-        if token == eos_id:
-            break
-
-
-def _autoregressive_step_and_token(model, state, sampling, eos_id):
-    state = autoregressive_step(model, state, sampling, eos_id)
-    return state, state.tokens[state.n - 1]

@@ -16,9 +16,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from picospec.config import GPT2Config
 from picospec.errors import PicospecError
-from picospec.gpt2 import init_params
+from picospec.gpt2 import GPT2Config, init_params
 
 FILE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16}
 # Tensors a checkpoint may hold that the model does not need: the hub files carry each layer's

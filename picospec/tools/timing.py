@@ -50,26 +50,26 @@ def _forward_calls(model: Model, T: int, calls, cache: KVCache):
     each feeds the previous call's argmaxes, then rolls the cache back."""
     def call(_, carry):
         tokens, cache = carry
-        logits, cache = forward(model.params, tokens, cache, model.config)  # [T, V]
+        logits, cache = forward(model, tokens, cache)  # [T, V]
         return jnp.argmax(logits, -1).astype(jnp.int32), cache._replace(length=cache.length - T)
     return jax.lax.fori_loop(0, calls, call, (jnp.zeros(T, jnp.int32), cache))[0]
 
 
 @partial(jax.jit, static_argnames=("K",))
-def _iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KVCache, target_cache: KVCache):
+def iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KVCache, target_cache: KVCache):
     """`calls` speculative iterations' forward calls and nothing else, as one compiled loop: K one-token
     draft calls, each feeding the previous argmax, then one (K+1)-token target call; then both caches
     roll back. No sampling, no verification arithmetic: only the calls theory counts, as they alternate."""
     def draft_call(carry, _):
         token, cache = carry
-        logits, cache = forward(draft.params, token, cache, draft.config)  # [1, V]
+        logits, cache = forward(draft, token, cache)  # [1, V]
         token = jnp.argmax(logits, -1).astype(jnp.int32)
         return (token, cache), token[0]
 
     def iteration(_, carry):
         token, draft_cache, target_cache = carry
         (_, draft_cache), drafted = jax.lax.scan(draft_call, (token, draft_cache), length=K)  # [K]
-        logits, target_cache = forward(target.params, jnp.concatenate([token, drafted]), target_cache, target.config)
+        logits, target_cache = forward(target, jnp.concatenate([token, drafted]), target_cache)
         return (jnp.argmax(logits[-1:], -1).astype(jnp.int32), draft_cache._replace(length=draft_cache.length - K),
                 target_cache._replace(length=target_cache.length - K - 1))
     return jax.lax.fori_loop(0, calls, iteration, (jnp.zeros(1, jnp.int32), draft_cache, target_cache))[0]
@@ -78,7 +78,7 @@ def _iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KV
 def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
     cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
-    (see _iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
+    (see iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
     predicted (sampling.buffers), since attention reads every slot (the bundled target's one-token
     call costs ~20% more with 256 than with 128). Each is timed as n calls in one compiled loop, n
     doubled until they take `min_seconds` (a tiny model's call is tens of microseconds), and all are
@@ -88,7 +88,7 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
     def cached(model):
         dtype = model.params["wte"]["weight"].dtype
         filled = jnp.zeros(max(1, min(32, capacity - 16)), jnp.int32)  # leaves room for 15-16 tokens a call
-        return forward(model.params, filled, init_cache(model.config, capacity, dtype), model.config)[1]
+        return forward(model, filled, init_cache(model.config, capacity, dtype))[1]
 
     runs, n_calls = {}, {}
     for name, call in calls.items():
@@ -99,7 +99,7 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
         else:
             draft, target, K = call
             run = lambda n, draft=draft, target=target, K=K, caches=(cached(draft), cached(target)): lambda: (  # noqa: E731
-                _iteration_calls(draft, target, K, jnp.int32(n), *caches).block_until_ready())
+                iteration_calls(draft, target, K, jnp.int32(n), *caches).block_until_ready())
         n = 4
         while best(run(n), rounds=1) < min_seconds:
             n *= 2
@@ -113,11 +113,11 @@ FIRST_TOKEN = """
 import sys, jax
 from picospec.sampling import Sampling
 from picospec.tools.jit_cache import use_persistent_cache
-from picospec.tools.stream import stream_speculative
+from picospec.tools.stream import stream
 from picospec.tools.weights import load_model
 use_persistent_cache()
 draft, target, K = load_model(sys.argv[1]), load_model(sys.argv[2]), int(sys.argv[3])
-next(stream_speculative(draft, target, [1, 2, 3], 16, jax.random.key(0), K=K, sampling=Sampling(0.0)))
+next(stream(draft, target, [[1, 2, 3]], 16, jax.random.split(jax.random.key(0), 1), K=K, sampling=Sampling(0.0)))
 print("first token", flush=True)
 """
 

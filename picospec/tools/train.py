@@ -12,9 +12,8 @@ the target takes about 70 minutes and the draft 45.
 """
 
 import argparse
+import dataclasses
 import json
-import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,15 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from picospec.config import GPT2Config
-from picospec.gpt2 import Model, init_cache, init_params, lm_head, transformer
+from picospec import fastpath
+from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.speculative import speculative_sample
+from picospec.tools.config import config_json
+from picospec.tools.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
 from picospec.tools.weights import load_model, save_checkpoint
 
-VOCAB, CONTEXT = 2048, 256
-# The bundled pair (issue #13): a 6 x 384 target, large enough that one call costs more than the loop
+CONTEXT = 256
+# The bundled pair: a 6 x 384 target, large enough that one call costs more than the loop
 # around it, and a 4 x 192 draft (a fifth of its cost) distilled from it for 800 steps; float16 files
 # keep the repository small. Earlier 6 x 384 targets were undertrained (lr 1.5e-3, 450 steps) or learned
 # slower than their draft (3e-3); a 400-step distillation accepted only 0.52. See weights/README.md.
@@ -43,33 +43,7 @@ STORED = np.float16  # the dtype of the bundled files: half of float32's bytes; 
 def as_stored(model: Model) -> Model:
     """The model exactly as its file will hold it: every later figure is of the shipped weights."""
     rounded = jax.tree_util.tree_map(lambda x: x.astype(STORED).astype(jnp.float32), model.params)
-    return Model(model.config, rounded)
-
-
-def corpus() -> tuple[str, str]:
-    """The KJV text, one verse a line, split by chapter: every 20th chapter is held out."""
-    try:
-        raw = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit("picospec.train: the corpus needs Debian's bible-kjv (apt-get install bible-kjv)")
-    chapters = {}
-    for line in raw.splitlines():
-        if m := re.match(r"(\w+?\d*:)(\d+) (.*)", line):  # "Ge1:1 In the beginning ..."
-            chapters.setdefault(m[1], []).append(m[3])
-    texts = ["\n".join(verses) for verses in chapters.values()]
-    train = [t for i, t in enumerate(texts) if i % 20]
-    held_out = [t for i, t in enumerate(texts) if i % 20 == 0]
-    return "\n<|endoftext|>".join(train), "\n<|endoftext|>".join(held_out)
-
-
-def train_tokenizer(text: str) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(text.split("\n"), trainer)
-    return tokenizer
+    return dataclasses.replace(model, params=rounded)
 
 
 def batches(tokens: np.ndarray, batch: int, rng: np.random.Generator):
@@ -80,10 +54,8 @@ def batches(tokens: np.ndarray, batch: int, rng: np.random.Generator):
 
 
 def batch_logits(params, config, x):  # [B, T] -> [B, T, V], picospec's own forward pass
-    def one(tokens):
-        h, _ = transformer(params, tokens, init_cache(config, tokens.shape[0]), config)
-        return lm_head(params, h)
-    return jax.vmap(one)(x)
+    model = fastpath.fast(Model(config, params))
+    return jax.vmap(lambda tokens: forward(model, tokens, init_cache(config, tokens.shape[0]))[0])(x)
 
 
 def loss_fn(params, config, x, y_probs=None):
@@ -114,7 +86,7 @@ def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=3
         params, opt_state, loss = step(params, opt_state, jnp.asarray(next(data)))
         if i % 50 == 0 or i == steps - 1:
             log(f"  step {i:5d}/{steps}  loss {float(loss):.3f}  {time.time() - t0:6.0f}s")
-    return Model(config, params)
+    return fastpath.fast(Model(config, params))
 
 
 def perplexity(model: Model, tokens: np.ndarray) -> float:
@@ -136,11 +108,6 @@ def acceptance_rate(draft, target, prompts, temperature, K=4, n_tokens=64, seed=
         accepted += int(trace.n_accepted.sum())
         drafted += K * int(trace.n_steps)
     return accepted / drafted
-
-
-def write_heldout_sample(held_text: str, path: Path, n_chapters=8):
-    """A few held-out chapters, kept beside the weights so tests can measure the pair on unseen text."""
-    path.write_text("\n<|endoftext|>".join(held_text.split("\n<|endoftext|>")[1:1 + n_chapters]) + "\n")
 
 
 def n_params(model: Model) -> int:
@@ -196,7 +163,7 @@ def main(argv=None):
               "corpus": "King James Bible (Debian bible-kjv), every 20th chapter held out",
               "training_tokens": len(train_tokens), "held_out_tokens": len(held_tokens), "models": {}}
     for name, model in [("target", target), *drafts.items()]:
-        entry = {"params": n_params(model), "config": model.config.to_json(),
+        entry = {"params": n_params(model), "config": config_json(model.config),
                  "held_out_perplexity": perplexity(model, held_tokens)}
         if model is not target:
             for temperature in (0.0, 1.0):

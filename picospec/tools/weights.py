@@ -16,9 +16,10 @@ from huggingface_hub import errors as hub_errors
 from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer
 
-from picospec.config import GPT2Config
+from picospec import fastpath
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
+from picospec.tools.config import config_json, read_config
 from picospec.tools.tensors import first_line, load_params, save_params
 
 HUB_REPOS = {
@@ -101,9 +102,9 @@ def load_model(name_or_path: str, dtype: str = "float32") -> Model:
     """
     if dtype not in DTYPES:
         raise PicospecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    config = GPT2Config.from_json(checkpoint_file(name_or_path, "config.json"))
+    config = read_config(checkpoint_file(name_or_path, "config.json"))
     params = load_params(safetensors_files(name_or_path), config, DTYPES[dtype])
-    return Model(config, params)
+    return fastpath.fast(Model(config, params))
 
 
 def safetensors_files(name_or_path: str) -> list[Path]:
@@ -158,5 +159,5 @@ def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path, dtype=np.f
     transformers load."""
     folder.mkdir(parents=True, exist_ok=True)
     save_params(model.params, folder / "model.safetensors", dtype)
-    (folder / "config.json").write_text(json.dumps(model.config.to_json(), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config_json(model.config), indent=2) + "\n")
     tokenizer.save(str(folder / "tokenizer.json"))

@@ -2,7 +2,7 @@
 
 JAX's SPMD partitioner does all the work: we only say where each array lives, as a NamedSharding over
 a Mesh with two axes, and `jax.jit` compiles one program per device with the communication inserted.
-No collective is written by hand; the samplers in batch.py are unchanged.
+No collective is written by hand; the samplers in picospec/batch.py are unchanged.
 
   "data"   data parallel: rows (token buffers, prompt lengths, keys) are split; weights are copied.
   "model"  tensor parallel (Megatron-LM's split of a block): c_attn and c_fc are split by output
@@ -10,6 +10,8 @@ No collective is written by hand; the samplers in batch.py are unchanged.
 
 On a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=8 gives 8 devices to try this on.
 """
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -48,7 +50,7 @@ def shard_model(model: Model, mesh: Mesh, tensor_parallel: bool = True) -> Model
         if any(axis and x.shape[i] % n_model for i, axis in enumerate(spec)):
             spec = P()  # a dimension the model axis does not divide stays whole
         return jax.device_put(x, NamedSharding(mesh, spec))
-    return Model(model.config, jax.tree_util.tree_map_with_path(place, model.params))
+    return dataclasses.replace(model, params=jax.tree_util.tree_map_with_path(place, model.params))
 
 
 def shard_rows(arrays: tuple, mesh: Mesh) -> tuple:
@@ -62,3 +64,9 @@ def shard_rows(arrays: tuple, mesh: Mesh) -> tuple:
         x = jax.numpy.concatenate([x] + [x[-1:]] * pad) if pad else x
         return jax.device_put(x, NamedSharding(mesh, P("data")))
     return tuple(place(x) for x in arrays)
+
+
+def place(mesh: Mesh, draft, target: Model, rows: tuple):
+    """The draft copied to every device, the target split over "model", the rows split over "data"."""
+    draft = jax.tree_util.tree_map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), draft)
+    return draft, shard_model(target, mesh), shard_rows(rows, mesh)

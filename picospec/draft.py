@@ -1,0 +1,85 @@
+"""Step 1 of speculative sampling (see speculative.py): a draft model proposes K tokens.
+
+Every draft offers the same two functions: `prefill`, its state before the first iteration, and
+`propose`, which returns a Proposal (the drafted tokens d_0..d_{K-1}, the distributions p they were
+drawn from, and the draft's new state). A model draft is wrapped in ModelDraft; the n-gram draft
+(ngram.py) looks its tokens up instead. The speculative loop calls `draft.propose` and never asks
+which kind of draft it has.
+"""
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from picospec.errors import PicospecError
+from picospec.gpt2 import KVCache, Model, forward
+from picospec.sampling import Sampling, logits_to_probs, prefill, sample
+from picospec.state import Proposal
+
+
+def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Sampling) -> Proposal:
+    """Step 1: the draft samples d_0..d_{K-1} after tokens[:n], one forward call each.
+    Returns them with p float32 [K, V], and the draft's cache holding positions [0, n + K - 1): the
+    sequence and d_0..d_{K-2} (d_{K-1} is sampled but not fed: it may be rejected)."""
+    keys, greedy = jax.random.split(key, K), sampling.temperature == 0
+    p_first, cache = catch_up(draft, tokens, n, cache, sampling)
+
+    def draft_step(carry, key_i):  # sample d_i from p[i], feed it, get p[i+1]
+        cache, p_i = carry
+        d_i = sample(key_i, p_i, greedy)
+        logits, cache = forward(draft, d_i[None], cache)  # [1, V]
+        return (cache, logits_to_probs(logits[0], sampling)), (d_i, p_i)
+
+    (cache, p_last), (drafted, p) = jax.lax.scan(draft_step, (cache, p_first), keys[:K - 1])
+    d_last = sample(keys[K - 1], p_last, greedy)
+    return Proposal(jnp.concatenate([drafted, d_last[None]]), jnp.concatenate([p, p_last[None]]), cache)
+
+
+def catch_up(draft: Model, tokens, n, cache: KVCache, sampling: Sampling):
+    """The draft's first call of an iteration: bring its cache to n - 1 positions, and return p[0].
+
+    After a rejection the draft's cache holds x[:n-1], like the target's. After a full accept it lags
+    one behind: the last draft token d_{K-1} was never fed, so it holds x[:n-2]. Rather than spend a
+    call catching up, the first call always feeds two tokens from m = cache.length: (x[n-2], x[n-1])
+    when lagging, else (x[n-1], a scratch slot that stays beyond the length). Two tokens cost about
+    one on memory-bound hardware, so the catch-up is nearly free. Returns p[0] [V] and the cache."""
+    m = cache.length
+    logits, cache = forward(draft, jax.lax.dynamic_slice(tokens, (m,), (2,)), cache)  # [2, V]
+    p_first = logits_to_probs(logits[n - 1 - m], sampling)  # [V] the row after x[n-1]
+    return p_first, cache._replace(length=n)  # drop the scratch slot, if it was written
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["model"], meta_fields=[])
+@dataclass(frozen=True)
+class ModelDraft:
+    """A draft model behind the interface every draft offers."""
+
+    model: Model
+
+    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
+        return prefill(self.model, tokens, n, prefill_len, max_len)
+
+    def propose(self, tokens, n, cache, key, K: int, sampling: Sampling) -> Proposal:
+        return propose(self.model, tokens, n, cache, key, K, sampling)
+
+
+def as_draft(draft, target: Model):
+    """The draft as the loop calls it: a Model through ModelDraft; the n-gram draft, told the target's
+    vocabulary (its p is one-hot over it)."""
+    return ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+
+
+def check_pair(draft, target: Model, K: int):
+    """A model draft must share the target's vocabulary and context; K >= 1."""
+    if not (isinstance(K, int) and K >= 1):
+        raise PicospecError(f"K must be a whole number >= 1, got {K}")
+    if not isinstance(draft, Model):  # the n-gram draft checked itself when it was made
+        return
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise PicospecError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
+                            f"target's ({target.config.vocab_size}); pick a draft with the target's tokenizer")
+    if draft.config.n_positions < target.config.n_positions:
+        raise PicospecError(f"the draft's context ({draft.config.n_positions}) is shorter than the "
+                            f"target's ({target.config.n_positions}); pick a draft with at least as long a context")

@@ -1,0 +1,68 @@
+"""What the CLI prints: the streamed text coloured by how each token came to be, each row's record
+and summary line, and the batch's."""
+
+import os
+
+from picospec.tools.stream import Step, extra_kind
+
+COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
+
+
+def coloured(out) -> bool:
+    return out.isatty() and not os.environ.get("NO_COLOR")
+
+
+def show(out, tokenizer, tokens: list[int], step: Step, mode: str, text: str) -> str:
+    """Print what one step added after `tokens` (whose decoded text is `text`), coloured by how each
+    token came to be; return the text so far."""
+    colour = coloured(out)
+    paint = (lambda s, kind: f"\033[{COLOURS[kind]}m{s}\033[0m") if colour else (lambda s, kind: s)
+    pieces, seen = [], tokens[:]
+    for i, token in enumerate(step.tokens):
+        kind = "accepted" if i < step.accepted else extra_kind(step)
+        if kind == "resample" and colour:  # show the draft's rejected guess, struck through
+            pieces.append(paint(tokenizer.decode(seen + [step.drafted[i]])[len(text):], "rejected"))
+        seen.append(token)
+        new_text = tokenizer.decode(seen)
+        pieces.append(paint(new_text[len(text):], kind) if mode == "speculative" else new_text[len(text):])
+        text = new_text
+    out.write("".join(pieces))
+    out.flush()
+    return text
+
+
+def legend() -> str:
+    return "colours: " + " ".join(f"\033[{COLOURS[k]}m{k}\033[0m" for k in COLOURS if k != "target")
+
+
+def row_record(mode: str, steps: list[Step], K: int, tokenizer, prompt_tokens, compile_seconds: float) -> dict:
+    """One row's result: its text and tokens, every step's decisions, and its figures."""
+    tokens = [t for s in steps for t in s.tokens]
+    n_steps, seconds = len(steps), steps[-1].seconds
+    drafted = K * sum(s.proposed for s in steps) if mode == "speculative" else 0
+    accepted = sum(s.accepted for s in steps)
+    stats = {"n_tokens": len(tokens), "n_steps": n_steps, "tokens_per_step": len(tokens) / n_steps,
+             "acceptance_rate": accepted / drafted if drafted else None, "seconds": seconds,
+             "tokens_per_second": len(tokens) / seconds, "compile_seconds": compile_seconds}
+    step_records = [{k: v for k, v in vars(s).items() if k not in ("finished", "seconds")} if mode == "speculative"
+                    else {"tokens": s.tokens} for s in steps]
+    return {"text": tokenizer.decode(tokens), "tokens": tokens, "prompt_tokens": list(prompt_tokens),
+            "steps": step_records, "stats": stats}
+
+
+def batch_stats(rows: list[dict], K: int, seconds: float, compile_seconds: float) -> dict:
+    """The batch as a whole: every row's tokens over the wall time until the last row finished."""
+    steps = [s for r in rows for s in r["steps"]]
+    n_tokens, drafted = sum(len(s["tokens"]) for s in steps), K * sum(s.get("proposed", False) for s in steps)
+    return {"n_prompts": len(rows), "n_tokens": n_tokens, "n_steps": len(steps), "tokens_per_step": n_tokens / len(steps),
+            "acceptance_rate": sum(s.get("accepted", 0) for s in steps) / drafted if drafted else None,
+            "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds}
+
+
+def summary(mode: str, stats: dict, what: str = "") -> str:
+    """One line of figures: tokens, calls, tokens per call, acceptance, time, speed."""
+    rate = f", acceptance {stats['acceptance_rate']:.2f}" if stats["acceptance_rate"] is not None else ""
+    calls = "target calls" if mode == "speculative" else "forward calls"
+    return (f"[{mode}]{what} {stats['n_tokens']} tokens, {stats['n_steps']} {calls} "
+            f"({stats['tokens_per_step']:.2f} tokens/call{rate}), {stats['seconds']:.2f} s, "
+            f"{stats['tokens_per_second']:.1f} tokens/s; compile {stats['compile_seconds']:.1f} s")
