@@ -1,5 +1,6 @@
 """The benchmark runs end to end on tiny models (it asserts no timing: benchmarks are not tests)."""
 
+import functools
 import json
 import time
 
@@ -17,8 +18,11 @@ from picospec.tools.timing import forward_times, iteration_calls
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 
 
-def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys):
-    """One dtype, no start-up or batch rows: the slow variant below runs every part."""
+def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys, monkeypatch):
+    """One dtype, no start-up or batch rows, one short timed round each: the slow variant below runs
+    every part with the real rounds."""
+    monkeypatch.setattr(bench, "forward_times", functools.partial(forward_times, min_seconds=0.02, rounds=1))
+    monkeypatch.setattr(bench, "race", functools.partial(bench.race, rounds=1))
     out = tmp_path / "bench.json"
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", PAIR, "--K", "2", "--v-K", "1", "--n-tokens", "12",
                 "--no-transformers", "--startup", "", "--dtype", "float32", "--out", str(out), "--batch", ""])

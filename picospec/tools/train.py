@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -58,6 +59,7 @@ def batch_logits(params, config, x):  # [B, T] -> [B, T, V], picospec's own forw
     return jax.vmap(lambda tokens: forward(model, tokens, init_cache(config, tokens.shape[0]))[0])(x)
 
 
+@partial(jax.jit, static_argnums=1)  # inside jit, each fresh cache is a temporary, not a donated input
 def loss_fn(params, config, x, y_probs=None):
     """Cross-entropy of the next token: against the text, or against a teacher's distribution."""
     logprobs = jax.nn.log_softmax(batch_logits(params, config, x[:, :-1]))  # [B, T, V]
@@ -93,8 +95,7 @@ def perplexity(model: Model, tokens: np.ndarray) -> float:
     """exp(mean held-out cross-entropy) over consecutive windows."""
     n = (len(tokens) - 1) // CONTEXT
     windows = np.stack([tokens[i * CONTEXT:(i + 1) * CONTEXT + 1] for i in range(n)])
-    loss = jax.jit(lambda p, x: loss_fn(p, model.config, x), static_argnums=())
-    losses = [float(loss(model.params, jnp.asarray(windows[i:i + 16]))) for i in range(0, n, 16)]
+    losses = [float(loss_fn(model.params, model.config, jnp.asarray(windows[i:i + 16]))) for i in range(0, n, 16)]
     sizes = [len(windows[i:i + 16]) for i in range(0, n, 16)]
     return float(np.exp(np.average(losses, weights=sizes)))
 
