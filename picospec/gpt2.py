@@ -38,8 +38,15 @@ class GPT2Config:
         return self.n_embd // self.n_head
 
 
+def precision(dtype):
+    """float32 products in full float32. Left to the default, a GPU multiplies float32 in TF32 and a
+    TPU in bfloat16 passes: p and q would shift, and greedy ties could break differently."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
 def matmul(x, w):  # [T, in], [out, in] -> [T, out]: x @ w.T, summed in float32 whatever the dtype
-    return jnp.matmul(x.astype(w.dtype), w.T, preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.matmul(x.astype(w.dtype), w.T, precision=precision(w.dtype),
+                      preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["params"], meta_fields=["config", "matmul"])
@@ -76,13 +83,16 @@ def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
 
 def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H, D]
     S, D = k.shape[1], k.shape[2]
-    scores = jnp.einsum("thd,hsd->hts", q, k) / jnp.sqrt(D).astype(q.dtype)  # [H, T, S]
+    # Scores and softmax in float32 whatever the dtype: a float16 q.k can pass float16's 65504.
+    scores = jnp.einsum("thd,hsd->hts", q, k, precision=precision(q.dtype),
+                        preferred_element_type=jnp.float32) / jnp.sqrt(D)  # [H, T, S]
     # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
     # and it also hides every stale slot, since those all lie beyond the newest position.
     visible = jnp.arange(S)[None, :] <= q_pos[:, None]  # [T, S]
-    scores = jnp.where(visible, scores.astype(jnp.float32), -jnp.inf)  # [H, T, S]
+    scores = jnp.where(visible, scores, -jnp.inf)  # [H, T, S]
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [H, T, S]
-    return jnp.einsum("hts,hsd->htd", weights, v).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
+    y = jnp.einsum("hts,hsd->htd", weights, v, precision=precision(v.dtype), preferred_element_type=jnp.float32)
+    return y.astype(v.dtype).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
 
 
 def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul):

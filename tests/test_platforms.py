@@ -1,0 +1,76 @@
+"""Right on every platform: what an accelerator would compile, read on CPU from `jax.export` lowerings
+(no device needed), and the dtypes where float16 or bfloat16 could go wrong."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import picospec
+from conftest import random_model
+
+from picospec import fastpath
+from picospec.gpt2 import forward, init_cache
+from picospec.tools.weights import load_tokenizer, save_checkpoint
+
+ACCELERATORS = ("cuda", "tpu")
+
+
+def lowered(model, platform: str) -> str:
+    run = jax.jit(lambda model, tokens, cache: forward(model, tokens, cache))
+    cache = init_cache(model.config, 16, model.params["wte"]["weight"].dtype)
+    return jax.export.export(run, platforms=[platform])(model, jnp.zeros(5, jnp.int32), cache).mlir_module()
+
+
+def dots(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+
+
+def test_float32_products_are_compiled_in_full_float32_on_accelerators():
+    """Left to the default, a GPU computes float32 dots in TF32 and a TPU in bfloat16 passes."""
+    model = fastpath.fast(random_model(n_head=2, n_embd=32, vocab_size=40))
+    for platform in ACCELERATORS:
+        found = dots(lowered(model, platform))
+        assert len(found) >= 2 * 4 + 2 + 1, platform  # per layer 4 weight products and 2 in attention; the head
+        assert all("precision = [HIGHEST, HIGHEST]" in line for line in found), platform
+    # The control: the lowering does show a dot's precision, and a default one has none.
+    plain = jax.jit(lambda a, b: a @ b)
+    text = jax.export.export(plain, platforms=["cuda"])(jnp.ones((2, 2)), jnp.ones((2, 2))).mlir_module()
+    assert dots(text) and "HIGHEST" not in dots(text)[0]
+
+
+def test_bfloat16_products_keep_the_fast_default_and_sum_in_float32():
+    model = random_model(n_head=2, n_embd=32, vocab_size=40)
+    model = picospec.Model(model.config, jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), model.params))
+    for platform in ACCELERATORS:
+        weight_products = [d for d in dots(lowered(model, platform)) if "xbf16>, tensor<" in d]
+        assert weight_products and all("HIGHEST" not in d and d.endswith(re.findall(r"-> tensor<[^>]*f32>.*", d)[0])
+                                       for d in weight_products), platform
+
+
+def float16_checkpoint(tmp_path, scale: float):
+    """A checkpoint stored in float16 whose first layer's queries and keys are `scale` times larger:
+    its attention scores q.k reach past float16's largest value, 65504, while every other value fits."""
+    model = random_model(n_head=2, n_embd=32, vocab_size=40, std=0.5)
+    w = np.array(model.params["h"][0]["attn"]["c_attn"]["weight"])  # [3C, C]: q, k, v rows
+    w[:64] *= scale
+    params = {**model.params, "h": [{**model.params["h"][0], "attn": {**model.params["h"][0]["attn"],
+              "c_attn": {**model.params["h"][0]["attn"]["c_attn"], "weight": jnp.asarray(w)}}}, *model.params["h"][1:]]}
+    save_checkpoint(picospec.Model(model.config, params), load_tokenizer("tiny-target"), tmp_path, np.float16)
+    return tmp_path
+
+
+def test_a_float16_checkpoint_whose_scores_overflow_float16_gives_the_float32_logits(tmp_path):
+    folder = float16_checkpoint(tmp_path, scale=40.0)
+    f16, f32 = picospec.load_model(str(folder), dtype="float16"), picospec.load_model(str(folder))
+    assert f16.params["h"][0]["attn"]["c_attn"]["weight"].dtype == jnp.float16
+    tokens = np.arange(20) % 40
+    a, b = picospec.logits(f32, tokens), picospec.logits(f16, tokens)
+    assert np.isfinite(b).all()
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+    # The control: these scores, taken in float16 as the products' own dtype, overflow.
+    layer = f16.params["h"][0]
+    h = picospec.gpt2.layer_norm(f16.params["wte"]["weight"][tokens] + f16.params["wpe"]["weight"][:20],
+                                 **layer["ln_1"], eps=1e-5)
+    qkv = (h @ layer["attn"]["c_attn"]["weight"].T + layer["attn"]["c_attn"]["bias"]).reshape(20, 3, 2, 16)
+    assert not np.isfinite(np.asarray(jnp.einsum("thd,shd->hts", qkv[:, 0], qkv[:, 1]))).all()
