@@ -23,7 +23,7 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
     """Step 1: the draft samples d_0..d_{K-1} after tokens[:n], one forward call each.
     Returns them with p float32 [K, V], and the draft's cache holding positions [0, n + K - 1): the
     sequence and d_0..d_{K-2} (d_{K-1} is sampled but not fed: it may be rejected)."""
-    keys, greedy = jax.random.split(key, K), sampling.temperature == 0
+    keys, greedy = jax.random.split(key, K), sampling.greedy
     p_first, cache = catch_up(draft, tokens, n, cache, sampling)
 
     def draft_step(carry, key_i):  # sample d_i from p[i], feed it, get p[i+1]

@@ -81,7 +81,7 @@ def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, s
     q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)  # Step 2
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
-    a, extra, p_x, q_x, u = accept_or_resample(key_accept, key_extra, drafted, p, q, sampling.temperature == 0)
+    a, extra, p_x, q_x, u = accept_or_resample(key_accept, key_extra, drafted, p, q, sampling.greedy)
 
     # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back to n_new - 1.
     new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch
@@ -132,7 +132,7 @@ def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int,
                      empty_trace(tokens.shape[0], K))  # each iteration adds >= 1 token: at most L of them
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "sampling", "prefill_len", "max_len", "eos_id"))
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id"))
 def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
     state = jax.lax.while_loop(

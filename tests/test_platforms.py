@@ -74,3 +74,15 @@ def test_a_float16_checkpoint_whose_scores_overflow_float16_gives_the_float32_lo
                                  **layer["ln_1"], eps=1e-5)
     qkv = (h @ layer["attn"]["c_attn"]["weight"].T + layer["attn"]["c_attn"]["bias"]).reshape(20, 3, 2, 16)
     assert not np.isfinite(np.asarray(jnp.einsum("thd,shd->hts", qkv[:, 0], qkv[:, 1]))).all()
+
+
+def test_sampling_compiles_to_no_loop_on_accelerators():
+    """The inverse-CDF search is unrolled: a loop of 16 tiny steps would be 16 launches on a GPU."""
+    from picospec.sampling import sample
+    probs = jnp.full(50257, 1 / 50257)
+    for platform in ACCELERATORS:
+        text = jax.export.export(jax.jit(sample), platforms=[platform])(jax.random.key(0), probs).mlir_module()
+        assert "stablehlo.while" not in text, platform
+    # The control: jnp.searchsorted's default method is such a loop.
+    default = jax.jit(lambda cdf, u: jnp.searchsorted(cdf, u))
+    assert "stablehlo.while" in jax.export.export(default, platforms=["cuda"])(probs, 0.5).mlir_module()

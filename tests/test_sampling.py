@@ -111,3 +111,31 @@ def test_numpy_integers_are_whole_numbers_for_top_k():
     assert sampling == Sampling(1.0, 3) and type(sampling.top_k) is int and hash(sampling) == hash(Sampling(1.0, 3))
     with pytest.raises(PicospecError, match="top-k must be a whole number"):
         Sampling(1.0, 2.5)
+
+
+def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):
+    """temperature, top-k and top-p are traced values; only greedy (temperature 0) is a static switch."""
+    target = random_model(vocab_size=12)
+    draft = random_model(seed=1, n_layer=1, vocab_size=12)
+    key = jax.random.key(0)
+
+    def run(**kw):
+        picospec.speculative_sample(draft, target, [1, 2], 6, key, K=3, **kw)[0].block_until_ready()
+        picospec.autoregressive_sample(target, [1, 2], 6, key, **kw).block_until_ready()
+
+    run(temperature=0.8)
+    before = compiles.count
+    for kw in (dict(temperature=0.5), dict(temperature=1), dict(temperature=0.9, top_k=3),
+               dict(temperature=0.9, top_p=0.8), dict(temperature=2.0, top_k=5, top_p=0.5)):
+        run(**kw)
+    assert compiles.count == before
+    # The control: the counter does see a compile, for greedy sampling (a static switch).
+    run(temperature=0)
+    assert compiles.count > before
+
+
+def test_traced_top_k_and_top_p_match_the_definition_under_jit():
+    for k, p in [(2, 1.0), (3, 0.9), (6, 0.5), (10, 1.0)]:
+        jitted = jax.jit(logits_to_probs)(LOGITS, Sampling(1.0, k, p))
+        np.testing.assert_allclose(jitted, logits_to_probs(LOGITS, Sampling(1.0, k, p)), rtol=1e-6)
+    assert int((jax.jit(logits_to_probs)(LOGITS, Sampling(1.0, 2)) > 0).sum()) == 2
