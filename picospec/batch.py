@@ -1,15 +1,17 @@
-"""Many prompts at once: the single-prompt samplers, vmapped over rows.
+"""Many prompts at once: one loop over a batch of rows, each row stepped by the single-prompt step.
 
 Each row is its own sequence, with its own prompt length, key, sequence length n and cache lengths.
-The row functions are exactly the ones `speculative_sample` and `autoregressive_sample` run; `jax.vmap`
-batches them. A batched `lax.while_loop` runs until every row is finished and holds a finished row's
-state unchanged (a select on the loop carry) while the others go on: rows accept different numbers of
-drafts per iteration, reach n_tokens after different numbers of iterations, or stop at <|endoftext|>.
+An iteration runs `speculative_step` (or `autoregressive_step`), the very function the single-prompt
+loop runs, vmapped over the rows: every weight product becomes one product over all B x T rows (one
+GEMM per weight, not B of them), and each row's cache write lands at its own position. The loop goes
+on while any row is unfinished; rows accept different numbers of drafts per iteration, reach n_tokens
+after different numbers of iterations, or stop at <|endoftext|>.
 
-Written as a vmap, the batch is already "hand-batched" where it matters: every weight product of the
-forward becomes one product over all B x T rows (one GEMM per weight, not B of them); the cache writes
-become scatters, because each row writes at its own position, as a hand-batched forward with ragged
-rows would have to do too.
+Why not vmap the single-prompt loop itself? Under vmap, a `while_loop` whose condition differs per
+row keeps each finished row's state with a select over the whole loop state: every KV cache copied,
+every iteration. Here the loop has one condition for the batch, and `keep_finished` selects only
+the small part of a finished row's state; its caches take the step's writes, which land beyond
+the row's length (stale slots) and are never read again.
 
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
@@ -20,11 +22,12 @@ may add in another order). Only the buffers are padded to the longest row; the p
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from picospec.errors import PicospecError
-from picospec.sampling import autoregressive_loop, buffers
-from picospec.speculative import speculative_loop
+from picospec.sampling import autoregressive_start, autoregressive_step, buffers, generated
+from picospec.speculative import speculative_step, start
 
 
 def batch_buffers(prompts, n_tokens: int, lookahead: int, config) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -46,17 +49,42 @@ def batch_buffers(prompts, n_tokens: int, lookahead: int, config) -> tuple[np.nd
     return tokens, n_prompt, max(r[1] for r in rows), max(r[2] for r in rows)
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "sampling", "prefill_len", "max_len", "eos_id"))
+def unfinished(state, n_end):  # [B]: rows still short of n_end tokens and not stopped at eos
+    return (state.n < n_end) & ~state.done
+
+
+def keep_finished(active, new, old):
+    """The batch after a step: rows where active [B] is False keep their tokens, length, key, done
+    and trace count. Everything else takes the step's writes, which for a finished row land where
+    nothing is read: cache slots beyond its length, the trace row past its count."""
+    def keep(n, o):  # [B, ...]
+        return jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
+    kept = {name: keep(getattr(new, name), getattr(old, name)) for name in ("tokens", "n", "key", "done")}
+    if hasattr(new, "trace"):
+        kept["trace"] = new.trace._replace(n_steps=keep(new.trace.n_steps, old.trace.n_steps))
+    return new._replace(**kept)
+
+
+def batch_loop(step, state, n_end):
+    """Run `step` (one row's iteration) on every row, while any row is unfinished. n_end: int32 [B]."""
+    def body(state):
+        return keep_finished(unfinished(state, n_end), jax.vmap(step)(state), state)
+    return jax.lax.while_loop(lambda state: jnp.any(unfinished(state, n_end)), body, state)
+
+
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id"))
 def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampling, prefill_len, max_len, eos_id):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
-    row = partial(speculative_loop, draft, target, n_tokens=n_tokens, K=K, sampling=sampling,
-                  prefill_len=prefill_len, max_len=max_len, eos_id=eos_id)
-    return jax.vmap(row)(tokens, n_prompt, keys)
+    state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
+    state = batch_loop(lambda s: speculative_step(draft, target, s, K, sampling, eos_id), state, n_prompt + n_tokens)
+    return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt), state.trace
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "sampling", "prefill_len", "max_len", "eos_id"))
+@partial(jax.jit, static_argnames=("n_tokens", "prefill_len", "max_len", "eos_id"))
 def autoregressive_batch(model, tokens, n_prompt, keys, n_tokens, sampling, prefill_len, max_len, eos_id):
     """autoregressive_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> [B, n_tokens]."""
-    row = partial(autoregressive_loop, model, n_tokens=n_tokens, sampling=sampling, prefill_len=prefill_len,
-                  max_len=max_len, eos_id=eos_id)
-    return jax.vmap(row)(tokens, n_prompt, keys)
+    state = jax.vmap(lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len))(
+        tokens, n_prompt, keys)
+    state = batch_loop(lambda s: autoregressive_step(model, s, sampling, eos_id), state, n_prompt + n_tokens)
+    return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt)
+

@@ -10,7 +10,7 @@ from test_speculative import DRAFT, N_SAMPLES, PROMPT, TARGET, V, target_law
 import picospec
 from picospec import PicospecError, Sampling
 from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
-from picospec.tools.memory import check_memory
+from picospec.tools.memory import available_memory, check_memory, compiled_need, memory_per_row
 
 BIG_TARGET = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
 BIG_DRAFT = early_exit(BIG_TARGET, 1)
@@ -96,10 +96,45 @@ def test_bad_batches_are_refused(rows, keys, message):
         speculative_sample_batch(BIG_DRAFT, BIG_TARGET, rows, 20, jax.random.split(jax.random.key(0), keys), K=3)
 
 
-def test_a_batch_larger_than_memory_is_refused_before_allocating():
-    check_memory([BIG_DRAFT, BIG_TARGET], 1000, 128, 4, available=10 ** 9)  # 1000 small rows fit in 1 GB
+def test_a_batch_larger_than_memory_is_refused_before_allocating(monkeypatch):
+    per_row = memory_per_row([BIG_DRAFT, BIG_TARGET], 128, 4)
+    check_memory(1000 * per_row, 1000, available=10 ** 9)  # 1000 small rows fit in 1 GB
     with pytest.raises(PicospecError, match=r"give at most \d+ prompts at once"):
-        check_memory([BIG_DRAFT, BIG_TARGET], 10 ** 6, 128, 4, available=10 ** 9)
+        check_memory(10 ** 6 * per_row, 10 ** 6, available=10 ** 9)
+    from picospec.tools import memory
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: 10 ** 6)  # as if 1 MB were free
+    with pytest.raises(PicospecError, match=r"of host memory is free; give at most \d+ prompts"):
+        speculative_sample_batch(BIG_DRAFT, BIG_TARGET, [[1]] * 100, 2, jax.random.split(jax.random.key(0), 100))
+
+
+class FakeGPU:
+    """A device as a GPU backend shows itself: its allocator's figures, and a name."""
+    platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+    def memory_stats(self):
+        return {"bytes_limit": 80 * 10 ** 9, "bytes_in_use": 70 * 10 ** 9, "peak_bytes_in_use": 75 * 10 ** 9}
+
+
+def test_free_memory_is_the_devices_own_figure():
+    assert available_memory(FakeGPU()) == 10 * 10 ** 9  # bytes_limit - bytes_in_use, not the host's RAM
+    with pytest.raises(PicospecError, match=r"but 10.0 GB of NVIDIA H100 80GB HBM3 memory is free"):
+        check_memory(9 * 10 ** 9, 4, device=FakeGPU())
+    check_memory(7 * 10 ** 9, 4, device=FakeGPU())
+    assert available_memory(jax.devices()[0]) > 0  # the CPU: the host's MemAvailable
+
+
+def test_the_estimate_covers_what_the_compiled_batch_allocates():
+    """The batch entry points gate on memory_per_row; the compiled program's own memory_analysis
+    must not need more (nor much less: the estimate would refuse batches that fit)."""
+    from picospec.batch import batch_buffers, speculative_batch
+    from picospec.draft import as_draft
+    rows = [[1, 2, 3]] * 8
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(rows, 100, 4, BIG_TARGET.config)
+    compiled = speculative_batch.lower(as_draft(BIG_DRAFT, BIG_TARGET), BIG_TARGET, tokens, n_prompt,
+                                       jax.random.split(jax.random.key(0), 8), 100, 4, Sampling(0.8), prefill_len,
+                                       max_len, -1).compile()
+    need, estimate = compiled_need(compiled), 8 * memory_per_row([BIG_DRAFT, BIG_TARGET], max_len, 5)
+    assert need <= estimate <= 2 * need, (need, estimate)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -141,3 +176,27 @@ def test_the_batch_multiplies_each_weight_once_for_all_rows():
     assert one > 0 and products(jax.vmap(row), tokens, caches) == one
     looped = lambda t, c: [row(t[b], jax.tree_util.tree_map(lambda x: x[b], c)) for b in range(4)]  # noqa: E731
     assert products(looped, tokens, caches) == 4 * one  # the control: row by row counts 4x
+
+
+def test_an_iteration_writes_new_positions_and_copies_no_cache():
+    """The batched loop selects only a finished row's small state; its caches take the step's writes.
+    (A vmap of the one-row loop selects every cache buffer, every iteration: 4 here, 2 per model.)"""
+    from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
+    from picospec.draft import as_draft
+    target = random_model(n_layer=1, vocab_size=16, n_positions=64)
+    draft = early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 2], [3], [4, 5, 6]], 8, 3, target.config)
+    keys = jax.random.split(jax.random.key(0), 3)
+    cache = f"tensor<3x{target.config.n_head}x{max_len}x{target.config.head_dim}xf32>"
+    spec = speculative_batch.lower(as_draft(draft, target), target, tokens, n_prompt, keys, 8, 3, Sampling(0.8),
+                                   prefill_len, max_len, -1).as_text()
+    ar = autoregressive_batch.lower(target, tokens, n_prompt, keys, 8, Sampling(0.8), prefill_len, max_len, -1).as_text()
+    for text in (spec, ar):
+        assert "stablehlo.while" in text and "stablehlo.scatter" in text  # cache writes at each row's position
+        assert not [line for line in text.splitlines() if "stablehlo.select" in line and cache in line]
+    # The control: a vmap of the one-row loop does select whole caches (the count sees them).
+    from picospec.speculative import speculative_loop
+    vmapped = jax.jit(lambda d, t, x, n, k: jax.vmap(lambda x, n, k: speculative_loop(
+        d, t, x, n, k, 8, 3, Sampling(0.8), prefill_len, max_len, -1))(x, n, k))
+    text = vmapped.lower(as_draft(draft, target), target, tokens, n_prompt, keys).as_text()
+    assert len([line for line in text.splitlines() if "stablehlo.select" in line and cache in line]) == 4

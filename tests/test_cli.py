@@ -249,7 +249,7 @@ def test_a_missing_prompt_file_is_one_line_exit_2(capsys, tmp_path):
 
 def test_a_batch_too_large_for_memory_is_refused_before_allocating(capsys, tmp_path, monkeypatch):
     from picospec.tools import memory
-    monkeypatch.setattr(memory, "available_memory", lambda: 10 ** 6)  # as if 1 MB were free
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: 10 ** 6)  # as if 1 MB were free
     file = tmp_path / "prompts.txt"
     file.write_text("The quick\n" * 200)
     code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(file), "--n-tokens", "10")

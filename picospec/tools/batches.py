@@ -9,7 +9,7 @@ from picospec.draft import as_draft, check_pair
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling, eos_to_stop_at
-from picospec.tools.memory import check_memory
+from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
 
 
@@ -23,7 +23,8 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     sampling = Sampling(temperature, top_k, top_p)
     check_pair(draft, target, K)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
-    check_memory([m for m in (draft, target) if isinstance(m, Model)], len(prompts), max_len, K + 1)
+    models = [m for m in (draft, target) if isinstance(m, Model)]
+    check_memory(len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     eos_id = eos_to_stop_at(target, stop_at_eos)
     args = (tokens, n_prompt, check_keys(keys, len(prompts)))
     draft = as_draft(draft, target)
@@ -38,7 +39,7 @@ def autoregressive_sample_batch(model: Model, prompts, n_tokens: int, keys, *, t
     """`autoregressive_sample` for B prompts at once; returns int32 [B, n_tokens] (see above)."""
     sampling = Sampling(temperature, top_k, top_p)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0, model.config)
-    check_memory([model], len(prompts), max_len, 1)
+    check_memory(len(prompts) * memory_per_row([model], max_len, 1), len(prompts))
     eos_id = eos_to_stop_at(model, stop_at_eos)
     args = (tokens, n_prompt, check_keys(keys, len(prompts)))
     if mesh is not None:

@@ -1,4 +1,12 @@
-"""Refusing, before anything is allocated, a batch whose buffers would not fit in memory."""
+"""Refusing, before anything is allocated, a batch whose buffers would not fit in the device's memory.
+
+What is free is the device's own figure: its allocator's bytes_limit - bytes_in_use where the backend
+reports them (GPUs, TPUs); a CPU has no allocator figures, and its memory is the host's (MemAvailable).
+What a run needs is read off the compiled programs (`memory_analysis`: the outputs and scratch they
+allocate) where they are compiled ahead of time, as the CLI's stream does; the batch entry points,
+compiled on first call, use an estimate from the models' shapes (which a test holds against
+`memory_analysis`).
+"""
 
 import jax
 
@@ -6,15 +14,32 @@ from picospec.errors import PicospecError
 
 
 def memory_per_row(models, max_len: int, T: int) -> int:
-    """Bytes one row needs while sampling: every model's KV cache (the bulk), and its logits and
-    probabilities for T positions (a few copies alive at once)."""
-    caches = sum(2 * m.config.n_layer * max_len * m.config.n_embd * m.params["wte"]["weight"].dtype.itemsize
+    """Bytes one row needs while sampling: every model's KV cache (the bulk), twice (at its peak the
+    compiled loop holds the prefilled caches and the loop's own), and its logits and probabilities
+    for T positions (a few copies alive at once)."""
+    caches = 2 * sum(2 * m.config.n_layer * max_len * m.config.n_embd * m.params["wte"]["weight"].dtype.itemsize
                  for m in models)
     return caches + 8 * T * models[-1].config.vocab_size * 4
 
 
-def available_memory() -> int:
-    """Bytes this machine can still give (MemAvailable), or 0 if unknown."""
+def compiled_need(*compiled) -> int:
+    """Bytes the compiled programs allocate when they run: outputs and scratch (their inputs exist
+    already), less the outputs written in place of donated inputs."""
+    total = 0
+    for program in compiled:
+        m = program.memory_analysis()
+        total += m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return total
+
+
+def available_memory(device=None) -> int:
+    """Bytes `device` (default: JAX's first) can still give, or 0 if unknown."""
+    device = device or jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    if device.platform != "cpu":
+        return 0
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemAvailable:"):
@@ -24,12 +49,13 @@ def available_memory() -> int:
     return 0
 
 
-def check_memory(models, B: int, max_len: int, T: int, available: int | None = None):
-    """Refuse a batch of B rows that would need more than 80% of the free memory."""
-    available = available_memory() if available is None else available
-    per_row = memory_per_row(models, max_len, T)
-    need = B * per_row
-    if jax.default_backend() == "cpu" and available and need > 0.8 * available:
-        raise PicospecError(f"{B} prompts need about {need / 1e9:.1f} GB for their caches ({per_row / 1e6:.1f} MB "
-                            f"a row) but {available / 1e9:.1f} GB is free; give at most "
+def check_memory(need: int, B: int, available: int | None = None, device=None):
+    """Refuse B rows that need `need` bytes in all when that is more than 80% of what is free."""
+    device = device or jax.devices()[0]
+    available = available_memory(device) if available is None else available
+    if available and need > 0.8 * available:
+        per_row = need / B
+        where = "host memory" if device.platform == "cpu" else f"{device.device_kind} memory"
+        raise PicospecError(f"{B} prompts need about {need / 1e9:.1f} GB ({per_row / 1e6:.1f} MB a row) but "
+                            f"{available / 1e9:.1f} GB of {where} is free; give at most "
                             f"{max(int(0.8 * available // per_row), 1)} prompts at once, or ask for fewer tokens")

@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.batch import batch_buffers
+from picospec.batch import batch_buffers, keep_finished, unfinished
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import Model
-from picospec.sampling import DecodeState, Sampling, autoregressive_step, prefill
+from picospec.sampling import Sampling, autoregressive_start, autoregressive_step
 from picospec.speculative import speculative_step, start
 from picospec.state import Trace
-from picospec.tools.memory import check_memory
+from picospec.tools.memory import check_memory, compiled_need
 
 
 @dataclass
@@ -56,48 +56,43 @@ class Timing:
     seconds: float = 0.0  # running them: prefill and every iteration
 
 
-def compile_now(fn, *args, static=(), donate=(), **static_values):
-    """jit `fn`, compile it for these arguments, and run it once (on copies of the donated ones);
-    returns (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program on its
-    first run (tens of ms on the bundled pair): that is start-up, counted with compiling."""
+def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
+    """jit `fn`, compile it for these arguments, refuse it if B rows of it would not fit in memory,
+    and run it once (on copies of the donated ones); returns (compiled, seconds it took). XLA:CPU's
+    kernel library finishes preparing a program on its first run (tens of ms on the bundled pair):
+    that is start-up, counted with compiling."""
     t0 = time.perf_counter()
     compiled = jax.jit(fn, static_argnames=static, donate_argnames=donate).lower(*args, **static_values).compile()
     names = list(inspect.signature(fn).parameters)
+    copies = sum(x.nbytes for i, a in enumerate(args) if names[i] in donate for x in jax.tree_util.tree_leaves(a))
+    check_memory(compiled_need(compiled) + copies, B)
     jax.block_until_ready(compiled(*[jax.tree_util.tree_map(lambda x: x.copy(), a) if names[i] in donate else a
                                      for i, a in enumerate(args)]))
     return compiled, time.perf_counter() - t0
 
 
-def keep_finished(active, new, old):
-    """Rows where active [B] is False keep their old tokens, length, key and trace. Their caches are
-    never read again, so they take the new ones: selecting those would copy every cache, every step."""
-    caches = {name: getattr(new, name) for name in new._fields if name.endswith("cache")}
-    pick = lambda n, o: jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)  # noqa: E731
-    none = {name: None for name in caches}
-    return jax.tree_util.tree_map(pick, new._replace(**none), old._replace(**none))._replace(**caches)
-
-
-def speculative_iteration(draft, target, state, n_end, K, sampling, eos_id):
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
-    active = (state.n < n_end) & ~state.done  # [B]
-    state = keep_finished(active, jax.vmap(lambda s: speculative_step(draft, target, s, K, sampling, eos_id))(state),
-                          state)
+    active = unfinished(state, n_end)  # [B]
+    state = skip_when_finished(active, lambda s: keep_finished(
+        active, jax.vmap(lambda row: speculative_step(draft, target, row, K, sampling, eos_id))(s), s), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
-    return state, (active, (state.n < n_end) & ~state.done, rows)
+    return state, (active, unfinished(state, n_end), rows)
 
 
 def autoregressive_iteration(model, state, n_end, sampling, eos_id):
     """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
-    active = (state.n < n_end) & ~state.done
-    state = keep_finished(active, jax.vmap(lambda s: autoregressive_step(model, s, sampling, eos_id))(state), state)
-    return state, (active, (state.n < n_end) & ~state.done, state.tokens[jnp.arange(len(state.n)), state.n - 1])
+    active = unfinished(state, n_end)  # [B]
+    state = skip_when_finished(active, lambda s: keep_finished(
+        active, jax.vmap(lambda row: autoregressive_step(model, row, sampling, eos_id))(s), s), state)
+    return state, (active, unfinished(state, n_end), state.tokens[jnp.arange(len(state.n)), state.n - 1])
 
 
-def autoregressive_start(model, tokens, n_prompt, keys, prefill_len, max_len):
-    def one(tokens, n, key):
-        return DecodeState(tokens, n, prefill(model, tokens, n, prefill_len, max_len), key, jnp.array(False))
-    return jax.vmap(one)(tokens, n_prompt, keys)
+def skip_when_finished(active, step, state):
+    """step(state), or nothing at all once every row is finished: the stream dispatches one
+    iteration ahead of what it has read, and the last of those finds nothing to do."""
+    return jax.lax.cond(jnp.any(active), step, lambda s: s, state)
 
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
@@ -109,30 +104,30 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     if draft is not None:
         check_pair(draft, target, K)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
-    check_memory([m for m in (draft, target) if isinstance(m, Model)], len(prompts), max_len, 1 if draft is None else K + 1)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = jnp.asarray(n_prompt + n_tokens)
     if draft is None:
-        models = (target,)
-        init, s1 = compile_now(autoregressive_start, target, tokens, n_prompt, keys, static=tuple(sizes), **sizes)
-        iteration, options = autoregressive_iteration, dict(sampling=sampling, eos_id=eos_id)
+        models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
+        batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
     else:
-        models = (as_draft(draft, target), target)
-        row_start = partial(start, K=K, **sizes)
-        batched_start = lambda d, t, x, n, k: jax.vmap(partial(row_start, d, t))(x, n, k)  # noqa: E731
-        init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys)
-        iteration, options = speculative_iteration, dict(K=K, sampling=sampling, eos_id=eos_id)
+        models, iteration, options = (as_draft(draft, target), target), speculative_iteration, dict(K=K, eos_id=eos_id)
+        batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
+    init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
-    step, s2 = compile_now(iteration, *models, state, n_end, static=tuple(options), donate=("state",), **options)
+    step, s2 = compile_now(iteration, *models, state, n_end, sampling, static=tuple(options), donate=("state",),
+                           B=len(prompts), **options)
     timing.compile_seconds += s1 + s2
-    produced, seconds = np.zeros(len(prompts), int), prefill_seconds
+    t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
+    produced = np.zeros(len(prompts), int)
+    state, report = step(*models, state, n_end, sampling)
     while True:
-        t0 = time.perf_counter()
-        state, report = step(*models, state, n_end)
-        ran, running, rows = jax.device_get(report)  # the one read of the iteration
-        seconds += time.perf_counter() - t0
+        # Dispatch the next iteration before reading this one's report (the one transfer of an
+        # iteration): the device runs it while the host reads, decodes and prints.
+        state, next_report = step(*models, state, n_end, sampling)
+        ran, running, rows = jax.device_get(report)
+        seconds = time.perf_counter() - t_start
         steps = [None] * len(prompts)
         for b in np.flatnonzero(ran):
             row = jax.tree_util.tree_map(lambda x: x[b], rows)
@@ -143,6 +138,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         yield steps
         if not running.any():
             break
+        report = next_report
     timing.seconds += seconds
 
 
