@@ -254,3 +254,16 @@ def test_a_batch_too_large_for_memory_is_refused_before_allocating(capsys, tmp_p
     file.write_text("The quick\n" * 200)
     code, _, err = run_cli(capsys, *PAIR, "--prompt-file", str(file), "--n-tokens", "10")
     assert code == 2 and err.count("\n") == 1 and "200 prompts need about" in err and "give at most" in err, err
+
+
+def test_the_device_is_named_in_the_summary_and_the_json(capsys):
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The", "--n-tokens", "4", "--platform", "cpu", "--json")
+    assert code == 0 and json.loads(out)["stats"]["device"] == {"platform": "cpu", "kind": "cpu", "name": "cpu:0"}
+    code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--n-tokens", "4")
+    assert code == 0 and err.rstrip().endswith("; cpu (cpu)")
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_a_platform_that_is_not_here_is_one_line_exit_2(capsys, platform):
+    code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--platform", platform)
+    assert code == 2 and err.count("\n") == 1 and f"no {platform} here" in err and "--platform" in err, err

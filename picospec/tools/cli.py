@@ -42,6 +42,8 @@ def parse_args(argv):
                         help="compare runs both and reports the speedup (default speculative)")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     parser.add_argument("--stop-at-eos", action="store_true", help="stop early at <|endoftext|>")
+    parser.add_argument("--platform", choices=["cpu", "gpu", "tpu"], help="where to run (default: JAX's choice, "
+                        "an accelerator when one is installed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of streaming text (one object; "
                         "a batch: one line per row as it finishes, then one with the summary)")
     parser.error = lambda message: _fail(message)  # one line, exit code 2: no usage dump
@@ -69,6 +71,25 @@ def read_prompts(args) -> list[str]:
     return texts or [""]
 
 
+def use_platform(name: str | None):
+    """The device to run on: the first of `name`'s, made JAX's default, or JAX's own choice."""
+    if name is None:
+        return jax.devices()[0]
+    try:
+        device = jax.devices(name)[0]
+    except RuntimeError as e:
+        extra = {"gpu": "cuda", "tpu": "tpu"}.get(name)
+        install = f"install JAX for it (pip install -e \".[{extra}]\") or " if extra else ""
+        raise PicospecError(f"no {name} here ({str(e).splitlines()[0]}); {install}leave --platform out") from None
+    jax.config.update("jax_default_device", device)
+    return device
+
+
+def describe(device) -> dict:
+    """The device in the summary and the JSON: its platform and kind (a GPU's model name)."""
+    return {"platform": device.platform, "kind": device.device_kind, "name": str(device)}
+
+
 def load(args):
     """The tokenizer, the draft (a Model, the n-gram draft or None) and the target. The cheap checks come
     first, before any weights load (gpt2-xl's take tens of seconds): the target's tokenizer reads, and
@@ -87,7 +108,7 @@ def load(args):
     return tokenizer, draft, target
 
 
-def run(args, mode, draft, target, tokenizer, texts, prompts, out) -> tuple[list[dict], dict]:
+def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
     keys = jax.random.split(jax.random.key(args.seed), B)
@@ -105,12 +126,13 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out) -> tuple[list
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], args.K, tokenizer, prompts[b], timing.compile_seconds)
+                records[b]["stats"]["device"] = device
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
-    stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds)
+    stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | {"device": device}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
     return records, stats
@@ -128,6 +150,7 @@ def print_row(args, mode, b, texts, record, out):
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
+        device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
         Sampling(args.temperature, args.top_k, args.top_p)  # validate before loading anything
         for name, value in [("K", args.K), ("n-tokens", args.n_tokens)]:
@@ -142,7 +165,7 @@ def main(argv=None) -> int:
             out = None if args.json and len(texts) == 1 else sys.stdout
             if out and len(modes) > 1 and len(texts) == 1:
                 out.write(f"--- {mode} ---\n")
-            results[mode] = run(args, mode, draft, target, tokenizer, texts, prompts, out)
+            results[mode] = run(args, mode, draft, target, tokenizer, texts, prompts, out, device)
     except PicospecError as e:
         print(f"picospec: error: {e}", file=sys.stderr)
         return 2

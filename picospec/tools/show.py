@@ -65,4 +65,5 @@ def summary(mode: str, stats: dict, what: str = "") -> str:
     calls = "target calls" if mode == "speculative" else "forward calls"
     return (f"[{mode}]{what} {stats['n_tokens']} tokens, {stats['n_steps']} {calls} "
             f"({stats['tokens_per_step']:.2f} tokens/call{rate}), {stats['seconds']:.2f} s, "
-            f"{stats['tokens_per_second']:.1f} tokens/s; compile {stats['compile_seconds']:.1f} s")
+            f"{stats['tokens_per_second']:.1f} tokens/s; compile {stats['compile_seconds']:.1f} s"
+            + (f"; {stats['device']['kind']} ({stats['device']['platform']})" if "device" in stats else ""))
