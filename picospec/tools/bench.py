@@ -30,7 +30,7 @@ from picospec.sampling import autoregressive_sample, buffers
 from picospec.speculative import speculative_sample
 from picospec.tools.bench_batch import batch_report
 from picospec.tools.gpt2_shapes import resolve
-from picospec.tools.reference import transformers_assisted, transformers_decode
+from picospec.tools.reference import torch_device, transformers_assisted, transformers_decode
 from picospec.tools.report import cpu_name, markdown
 from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
 from picospec.tools.weights import checkpoint_file, load_model, load_tokenizer
@@ -117,6 +117,9 @@ def real_gpt2_prediction(pair: dict) -> dict:
     return {"alpha": alpha, "rows": rows, "theory_by_K": by_K}
 
 
+STREAM_CALLS = 8  # products of the bandwidth probe's compiled loop
+
+
 def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dict:
     """Greedy decode of one model in one dtype, picospec and transformers, beside the roofline, all
     raced in one loop. A decode step is the time for n + 8 tokens less the time for 8, over n, so
@@ -124,14 +127,14 @@ def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dic
     folder, real = resolve(name)
     model = load_model(folder, dtype)
     runs = dict(long=picospec_decode(model, prompt, n + 8), short=picospec_decode(model, prompt, 8),
-                stream=stream_1GiB())
+                stream=stream_1GiB(STREAM_CALLS))
     hf_folder = str(checkpoint_file(folder, "config.json").parent)
     if with_transformers and (hf_long := transformers_decode(hf_folder, prompt, dtype, n + 8)):
         runs |= dict(hf_long=hf_long, hf_short=transformers_decode(hf_folder, prompt, dtype, 8))
     t, warmup = race(**runs)
     s_pico = (t["long"] - t["short"]) / n
     s_hf = (t["hf_long"] - t["hf_short"]) / n if "hf_long" in t else None
-    bw = (1 << 30) / t["stream"]  # bytes/s: the 1 GiB matrix read once
+    bw = (1 << 30) * STREAM_CALLS / t["stream"]  # bytes/s: the 1 GiB matrix read once a call
     cache_len = 64  # what autoregressive_sample allocates for these runs: the power of two >= 8+8+32
     roofline = step_bytes(model, cache_len) / bw
     return {"model": name, "dtype": dtype, "real_weights": real, "picospec_ms_per_token": 1e3 * s_pico,
@@ -161,8 +164,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with_hf = not args.no_transformers
     prompt = list(range(100, 108))  # 8 token ids valid in every vocabulary here
+    device = jax.devices()[0]
     report = {"machine": f"{cpu_name()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
-                         f"jax {jax.__version__} on {jax.devices()[0].platform}", "decode": [], "pairs": []}
+                         f"jax {jax.__version__}", "device": f"{device.device_kind} ({device.platform})",
+              "transformers_device": torch_device(), "decode": [], "pairs": []}
     dtypes = args.dtype.split(",")
     if unknown := set(dtypes) - {"float32", "bfloat16"}:
         parser.error(f"unknown dtype {unknown.pop()!r}; use float32 and/or bfloat16")

@@ -1,7 +1,34 @@
-"""The benchmark's other contender: transformers (PyTorch), timed the same way as picospec. Each
-function returns None when torch or transformers is not installed."""
+"""The benchmark's other contender: transformers (PyTorch), timed the same way as picospec, on the
+same kind of device: on CUDA when JAX runs on a GPU (torch built with CUDA), on the CPU when JAX
+does. Each function returns None when torch or transformers is not installed, or when torch cannot
+reach the device picospec runs on (a race of unlike with unlike says nothing)."""
+
+import jax
 
 from picospec.tools.timing import race
+
+
+def torch_device() -> str | None:
+    """The torch device matching JAX's: "cuda" or "cpu"; None if torch is missing or has no CUDA
+    while JAX runs on a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if jax.devices()[0].platform == "gpu":
+        return "cuda" if torch.cuda.is_available() else None
+    return "cpu" if jax.devices()[0].platform == "cpu" else None
+
+
+def synchronized(run, device: str):
+    """run, then wait for the device (CUDA calls return before the work is done)."""
+    import torch
+
+    def timed():
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return timed
 
 
 def transformers_decode(folder: str, prompt, dtype: str, m: int):
@@ -11,14 +38,16 @@ def transformers_decode(folder: str, prompt, dtype: str, m: int):
         from transformers import GPT2LMHeadModel
     except ImportError:
         return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
-    ids = torch.tensor([prompt])
+    if (device := torch_device()) is None:
+        return None
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval().to(device)
+    ids = torch.tensor([prompt], device=device)
 
     def run():
         with torch.no_grad():
             model.generate(ids, max_new_tokens=m, min_new_tokens=m, do_sample=False, use_cache=True,
                            pad_token_id=0)
-    return run
+    return synchronized(run, device)
 
 
 def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
@@ -29,15 +58,17 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
         from transformers import GPT2LMHeadModel
     except ImportError:
         return None
-    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval()
-    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval()
-    ids = torch.tensor([prompt])
+    if (device := torch_device()) is None:
+        return None
+    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval().to(device)
+    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval().to(device)
+    ids = torch.tensor([prompt], device=device)
     common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
     assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
                   assistant_confidence_threshold=0.0)
     with torch.no_grad():
-        t, _ = race(plain=lambda: target.generate(ids, **common),
-                    assisted=lambda: target.generate(ids, **common, **assist))
+        t, _ = race(plain=synchronized(lambda: target.generate(ids, **common), device),
+                    assisted=synchronized(lambda: target.generate(ids, **common, **assist), device))
     return {"plain_seconds": t["plain"], "assisted_seconds": t["assisted"], "speedup": t["plain"] / t["assisted"]}
 
 
@@ -49,13 +80,15 @@ def transformers_batch_generate(folder: str, prompts, n: int, dtype="float32"):
         from transformers import GPT2LMHeadModel
     except ImportError:
         return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval()
+    if (device := torch_device()) is None:
+        return None
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval().to(device)
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
 
     def run():
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                            use_cache=True, pad_token_id=0)
-    return run
+    return synchronized(run, device)

@@ -18,7 +18,8 @@ def cpu_name() -> str:
 def markdown(report: dict) -> str:
     f = lambda x, spec=".2f": "—" if x is None else format(x, spec)  # noqa: E731
     times = lambda x: "—" if x is None else f"{x:.2f}x"  # noqa: E731
-    lines = [f"Machine: {report['machine']}", "",
+    on = f"on {report.get('device', 'cpu')}; transformers on {report.get('transformers_device') or 'none'}"
+    lines = [f"Machine: {report['machine']}", "", f"Decode, {on}:", "",
              "| model | dtype | weights | picospec ms/token | transformers ms/token | picospec speedup | "
              "weights-stream ms | roofline fraction | picospec compile s |", "|---|---|---|---|---|---|---|---|---|"]
     for d in report["decode"]:
@@ -27,7 +28,7 @@ def markdown(report: dict) -> str:
                      f"{times(d['vs_transformers'])} | {f(d['weights_stream_ms'])} | {f(d['roofline_fraction'])} | "
                      f"{f(d['picospec_compile_seconds'], '.1f')} |")
     for p in report["pairs"]:
-        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}: c = {p['c']:.3f}; "
+        lines += ["", f"**{p['pair']}** (draft:target), {p['dtype']}, {on}: c = {p['c']:.3f}; "
                   + ", ".join(f"v({K}) = {v:.2f}" for K, v in p["v"].items()), "",
                   "| K | alpha | tokens/call | picospec speedup | theory | theory, calls alternating | "
                   "transformers assisted speedup |", "|---|---|---|---|---|---|---|"]
@@ -45,7 +46,7 @@ def markdown(report: dict) -> str:
             lines += [f"| {r['K']} | {r['tokens_per_call']:.2f} | {r['iteration_cost']:.2f} | "
                       f"{r['from_iteration_cost']:.2f}x | {r['theory']:.2f}x |" for r in real["rows"]]
     for b in report.get("batch", []):
-        lines += ["", f"**{b['pair']}**, B prompts at once, greedy, K = {b['K']}, {b['n_tokens']} tokens each "
+        lines += ["", f"**{b['pair']}**, {on}, B prompts at once, greedy, K = {b['K']}, {b['n_tokens']} tokens each "
                   "(tokens/s over the whole batch; transformers: batched generate)", "",
                   "| B | autoregressive tok/s | speculative tok/s | speedup | theory | alpha | v_B(K) | "
                   "transformers tok/s |", "|---|---|---|---|---|---|---|---|"]
@@ -53,6 +54,6 @@ def markdown(report: dict) -> str:
                   f"{r['speedup']:.2f}x | {r['predicted_speedup']:.2f}x | {r['alpha']:.2f} | {r['v']:.2f} | "
                   f"{f(r.get('transformers_tokens_per_second'), '.0f')} |" for r in b["rows"]]
     if report.get("startup"):
-        lines += ["", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
+        lines += ["", f"Start-up, {on}:", "", "| pair | first token, cold (s) | first token, warm (s) |", "|---|---|---|"]
         lines += [f"| {s['pair']} | {s['cold_seconds']:.2f} | {s['warm_seconds']:.2f} |" for s in report["startup"]]
     return "\n".join(lines)
