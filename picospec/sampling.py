@@ -54,6 +54,7 @@ class Sampling:
         return sampling
 
 
+@jax.jit  # compiled once when called on its own; inside another jitted function, inlined
 def logits_to_probs(logits, sampling: Sampling):  # [..., V] -> [..., V]
     if sampling.greedy:
         return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])

@@ -28,7 +28,8 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys, m
                 "--no-transformers", "--startup", "", "--dtype", "float32", "--out", str(out), "--batch", ""])
     report = json.loads(out.read_text())
     [decode], [pair_report] = report["decode"], report["pairs"]
-    assert decode["picospec_ms_per_token"] > 0 and decode["transformers_ms_per_token"] is None
+    # One short round cannot time a tiny model's step to the sign (the slow variant does): it ran.
+    assert decode["picospec_compile_seconds"] > 0 and decode["transformers_ms_per_token"] is None
     assert set(pair_report["v"]) == {"1", "2"} and pair_report["c"] > 0
     [row] = pair_report["rows"]
     assert row["tokens_per_call"] >= 1 and row["predicted_speedup"] > 0 and 0 <= row["alpha"] <= 1

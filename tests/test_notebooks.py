@@ -49,7 +49,11 @@ def test_the_ipynb_holds_the_same_cells_as_the_py(path):
     assert cells(jupytext.read(paired)) == cells(source), f"out of step: jupytext --sync {path.name}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+# The fast suite executes notebooks 1 and 3 (quick mode); `pytest -m slow` executes 2 and 4 too.
+QUICKLY_RUN = [pytest.param(p, marks=pytest.mark.slow) if p.stem.startswith(("2", "4")) else p for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", QUICKLY_RUN, ids=lambda p: p.stem)
 def test_notebook_executes(path, monkeypatch):
     monkeypatch.setenv("PICOSPEC_NOTEBOOK_QUICK", "1")  # fewer points and samples; the code is the same
     notebook = execute(path)

@@ -21,6 +21,7 @@ def test_the_real_loop_is_the_paper_algorithm(temperature, seed):
         assert int(np.sum(np.asarray(trace.n_accepted)[:int(trace.n_steps)] < 4)) > 0
 
 
+@pytest.mark.slow
 def test_a_different_key_gives_different_tokens_in_both():
     """The control: the match above is not two samplers that ignore their keys."""
     a = paper.speculative_sampling(DRAFT, TARGET, PROMPT, 24, jax.random.key(0), K=4)
