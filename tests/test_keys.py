@@ -37,7 +37,8 @@ ENTRY_POINTS = {
 }
 
 
-@pytest.mark.parametrize("name", ENTRY_POINTS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "paper version" else n
+                                  for n in ENTRY_POINTS])
 def test_the_callers_key_is_neither_donated_nor_deleted(name):
     key, run = ENTRY_POINTS[name]
     first = run(key)
