@@ -23,6 +23,7 @@ def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys, m
     every part with the real rounds."""
     monkeypatch.setattr(bench, "forward_times", functools.partial(forward_times, min_seconds=0.02, rounds=1))
     monkeypatch.setattr(bench, "race", functools.partial(bench.race, rounds=1))
+    monkeypatch.setattr(bench, "STREAM_CALLS", 2)  # the bandwidth probe's loop, shortened
     out = tmp_path / "bench.json"
     bench.main(["--decode", str(DATA / "tiny-hub"), "--pairs", PAIR, "--K", "2", "--v-K", "1", "--n-tokens", "12",
                 "--no-transformers", "--startup", "", "--dtype", "float32", "--out", str(out), "--batch", ""])

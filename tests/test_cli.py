@@ -197,6 +197,7 @@ def test_bundled_pair_offline_from_the_readme(capsys):
 
 # ---- several prompts: one batch ----
 
+@pytest.mark.slow  # the batch path's rows are checked fast in test_batch.py and test_keys.py
 def test_several_prompts_run_as_one_batch_and_each_row_is_its_single_run(capsys, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The quick\n\nTo be or not to be, that is\n")  # the blank line is skipped
