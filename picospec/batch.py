@@ -65,11 +65,14 @@ def keep_finished(active, new, old):
     return new._replace(**kept)
 
 
+def batch_step(step, state, n_end):
+    """One iteration of every unfinished row: `step` (one row's iteration) vmapped. n_end: int32 [B]."""
+    return keep_finished(unfinished(state, n_end), jax.vmap(step)(state), state)
+
+
 def batch_loop(step, state, n_end):
-    """Run `step` (one row's iteration) on every row, while any row is unfinished. n_end: int32 [B]."""
-    def body(state):
-        return keep_finished(unfinished(state, n_end), jax.vmap(step)(state), state)
-    return jax.lax.while_loop(lambda state: jnp.any(unfinished(state, n_end)), body, state)
+    """batch_step while any row is unfinished."""
+    return jax.lax.while_loop(lambda s: jnp.any(unfinished(s, n_end)), lambda s: batch_step(step, s, n_end), state)
 
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id"))

@@ -22,14 +22,11 @@ def memory_per_row(models, max_len: int, T: int) -> int:
     return caches + 8 * T * models[-1].config.vocab_size * 4
 
 
-def compiled_need(*compiled) -> int:
-    """Bytes the compiled programs allocate when they run: outputs and scratch (their inputs exist
+def compiled_need(compiled) -> int:
+    """Bytes a compiled program allocates when it runs: outputs and scratch (its inputs exist
     already), less the outputs written in place of donated inputs."""
-    total = 0
-    for program in compiled:
-        m = program.memory_analysis()
-        total += m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    return total
+    m = compiled.memory_analysis()
+    return m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
 
 def available_memory(device=None) -> int:

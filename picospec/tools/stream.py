@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.batch import batch_buffers, keep_finished, unfinished
+from picospec.batch import batch_buffers, batch_step, unfinished
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling, autoregressive_start, autoregressive_step
@@ -75,8 +75,8 @@ def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
     active = unfinished(state, n_end)  # [B]
-    state = skip_when_finished(active, lambda s: keep_finished(
-        active, jax.vmap(lambda row: speculative_step(draft, target, row, K, sampling, eos_id))(s), s), state)
+    state = skip_when_finished(active, lambda s: batch_step(
+        lambda row: speculative_step(draft, target, row, K, sampling, eos_id), s, n_end), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
     return state, (active, unfinished(state, n_end), rows)
 
@@ -84,8 +84,8 @@ def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id):
 def autoregressive_iteration(model, state, n_end, sampling, eos_id):
     """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
     active = unfinished(state, n_end)  # [B]
-    state = skip_when_finished(active, lambda s: keep_finished(
-        active, jax.vmap(lambda row: autoregressive_step(model, row, sampling, eos_id))(s), s), state)
+    state = skip_when_finished(active, lambda s: batch_step(
+        lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
     return state, (active, unfinished(state, n_end), state.tokens[jnp.arange(len(state.n)), state.n - 1])
 
 
