@@ -79,6 +79,7 @@ def keep_top_p(probs, top_p):  # [..., V], float [] in (0, 1) -> [..., V] renorm
     return probs / probs.sum(axis=-1, keepdims=True)
 
 
+@partial(jax.jit, static_argnames="greedy")  # compiled once when called on its own (paper.py); inlined under jit
 def sample(key, probs, greedy: bool = False):  # [V] -> int32 []
     """One token drawn from probs; with greedy (temperature 0, a one-hot probs), its argmax."""
     if greedy:

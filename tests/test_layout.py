@@ -45,7 +45,7 @@ def test_the_paper_version_fits_on_a_screen():
 
 def test_the_fast_path_computes_the_plain_products():
     model = random_model(n_head=2, n_embd=32, vocab_size=40)
-    for T in (1, 3, 5, 8):  # 3 and 5 are padded to 4 and 8 rows on CPU
+    for T in (1, 3, 5):  # 3 and 5 are padded to 4 and 8 rows on CPU
         tokens = jnp.arange(T) % 40
         plain, _ = forward(model, tokens, init_cache(model.config, 16))
         fast, _ = forward(fastpath.fast(model), tokens, init_cache(model.config, 16))

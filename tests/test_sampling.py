@@ -69,10 +69,10 @@ def test_autoregressive_first_token_follows_the_model_law():
 def test_autoregressive_greedy_matches_argmax_of_full_forward():
     model = random_model(seed=5)
     tokens = [3, 1, 4]
-    out = picospec.autoregressive_sample(model, tokens, 12, jax.random.key(0), temperature=0)
-    for t in np.asarray(out):  # each token is the argmax after everything before it
-        assert t == int(jnp.argmax(picospec.logits(model, tokens)[-1]))
-        tokens.append(int(t))
+    out = np.asarray(picospec.autoregressive_sample(model, tokens, 12, jax.random.key(0), temperature=0))
+    full = picospec.logits(model, tokens + out.tolist())  # one causal pass: row i predicts token i + 1
+    for i, t in enumerate(out):  # each token is the argmax after everything before it
+        assert t == int(jnp.argmax(full[len(tokens) - 1 + i]))
 
 
 def test_stop_at_eos_pads_with_eos_and_otherwise_runs_on():
