@@ -71,10 +71,15 @@ def as_draft(draft, target: Model):
     return ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
 
 
-def check_pair(draft, target: Model, K: int):
-    """A model draft must share the target's vocabulary and context; K >= 1."""
+RULES = ("match", "token", "block")  # the verifiers (speculative.py, verifiers.py)
+
+
+def check_pair(draft, target: Model, K: int, rule: str = "token"):
+    """A model draft must share the target's vocabulary and context; K >= 1; a known verifier."""
     if not (isinstance(K, int) and K >= 1):
         raise PicospecError(f"K must be a whole number >= 1, got {K}")
+    if rule not in RULES:
+        raise PicospecError(f"unknown verifier {rule!r}; use one of {', '.join(RULES)}")
     if not isinstance(draft, Model):  # the n-gram draft checked itself when it was made
         return
     if draft.config.vocab_size != target.config.vocab_size:

@@ -40,6 +40,7 @@ from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
                                logits_to_probs, prefill, sample)
 from picospec.state import SpecState, empty_trace, record
+from picospec.verifiers import block_rule, match_rule
 
 
 def score(target: Model, tokens, n, drafted, cache: KVCache, sampling: Sampling):
@@ -75,20 +76,28 @@ def accept_or_resample(key_accept, key_extra, drafted, p, q, greedy: bool = Fals
     return a, sample(key_extra, residual, greedy), p_x, q_x, u
 
 
-def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id) -> SpecState:
+def verifier(rule: str):
+    """Steps 3 and 4 as `rule` runs them: the token rule above, or verifiers.py's match or block."""
+    return {"match": match_rule, "token": accept_or_resample, "block": block_rule}[rule]
+
+
+def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id,
+           rule: str = "token") -> SpecState:
     """Steps 2 to 5 for drafts d_0..d_{K-1} (int32 [K]) drawn from p (float32 [K, V])."""
     K, n = drafted.shape[0], state.n
     q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)  # Step 2
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
-    a, extra, p_x, q_x, u = accept_or_resample(key_accept, key_extra, drafted, p, q, sampling.greedy)
+    decision = verifier(rule)(key_accept, key_extra, drafted, p, q, sampling.greedy)
+    a, extra, p_x, q_x, u = decision[:5]
+    w, h = decision[5:] or (jnp.zeros(K), jnp.zeros(K))  # the block rule's weights and stop chances
 
     # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back to n_new - 1.
     new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch
     tokens = jax.lax.dynamic_update_slice(state.tokens, new, (n,))
     n_new = n + a + 1
     done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
-    trace = record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, True)
+    trace = record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, w, h, True)
     return SpecState(tokens, n_new, rollback(state.draft_cache, n_new - 1),
                      target_cache._replace(length=n_new - 1), state.key, done, trace)
 
@@ -100,7 +109,7 @@ def target_step(target: Model, state: SpecState, key, sampling: Sampling, eos_id
     K = state.trace.drafted.shape[1]
     zeros = jnp.zeros(K)
     trace = record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), decoded.tokens[state.n], False, zeros, zeros,
-                   zeros, False)
+                   zeros, zeros, zeros, False)
     return SpecState(decoded.tokens, decoded.n, rollback(state.draft_cache, decoded.n - 1), decoded.cache, state.key,
                      decoded.done, trace)
 
@@ -111,7 +120,7 @@ def rollback(cache: KVCache | None, length):
 
 
 def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: Sampling,
-                     eos_id: int) -> SpecState:
+                     eos_id: int, rule: str = "token") -> SpecState:
     """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens."""
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     # Step 1: the draft proposes d_0..d_{K-1} from its p (a model samples them; the n-gram draft looks
@@ -120,7 +129,7 @@ def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: S
     state = state._replace(key=key, draft_cache=proposal.cache)
     return jax.lax.cond(
         proposal.found,
-        lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra, sampling, eos_id),
+        lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra, sampling, eos_id, rule),
         lambda: target_step(target, state, key_extra, sampling, eos_id))
 
 
@@ -132,18 +141,19 @@ def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int,
                      empty_trace(tokens.shape[0], K))  # each iteration adds >= 1 token: at most L of them
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id"))
-def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id):
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule"))
+def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id,
+                     rule="token"):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
     state = jax.lax.while_loop(
         lambda s: (s.n < n_prompt + n_tokens) & ~s.done,
-        lambda s: speculative_step(draft, target, s, K, sampling, eos_id),
+        lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule),
         state)
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
-                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False):
+                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False, verify="token"):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
@@ -155,14 +165,15 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       K: tokens drafted per iteration (>= 1).
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
+      verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
     """
     sampling = Sampling(temperature, top_k, top_p)
-    check_pair(draft, target, K)
+    check_pair(draft, target, K, verify)
     tokens, prefill_len, max_len = buffers(prompt_tokens, n_tokens, K, target.config)
     eos_id = eos_to_stop_at(target, stop_at_eos)
     return speculative_loop(as_draft(draft, target), target, tokens, len(prompt_tokens), key, n_tokens, K, sampling,
-                        prefill_len, max_len, eos_id)
+                            prefill_len, max_len, eos_id, verify)
 

@@ -26,7 +26,9 @@ class Trace(NamedTuple):
     bonus: jax.Array  # bool [R] True if extra is the bonus (all K accepted), else a resample
     p: jax.Array  # float32 [R, K] p[i](d_i), the draft's probability of each drafted token
     q: jax.Array  # float32 [R, K] q[i](d_i), the target's probability of the same token
-    u: jax.Array  # float32 [R, K] the uniforms: d_i is accepted iff u_i < q/p
+    u: jax.Array  # float32 [R, K] the uniforms: d_i is accepted iff u_i < q/p (block: iff u_i < h_i stops there)
+    w: jax.Array  # float32 [R, K] block rule: the weight w_i of the block d_0..d_{i-1} (other rules: 0)
+    h: jax.Array  # float32 [R, K] block rule: the chance h_i to stop after i drafts (other rules: 0)
     proposed: jax.Array  # bool [R] False: the draft proposed nothing, a plain target step ran
     n_steps: jax.Array  # int32 [] iterations run = target forward calls
 
@@ -45,12 +47,13 @@ class SpecState(NamedTuple):
 def empty_trace(R: int, K: int) -> Trace:
     """Room for R iterations of K drafts."""
     return Trace(jnp.zeros((R, K), jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, bool),
-                 jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros(R, bool), jnp.int32(0))
+                 jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)),
+                 jnp.zeros(R, bool), jnp.int32(0))
 
 
-def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, proposed) -> Trace:
+def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, w, h, proposed) -> Trace:
     """The trace with this iteration written at row n_steps."""
     i = t.n_steps
     return Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
                  t.bonus.at[i].set(bonus), t.p.at[i].set(p_x), t.q.at[i].set(q_x), t.u.at[i].set(u),
-                 t.proposed.at[i].set(proposed), i + 1)
+                 t.w.at[i].set(w), t.h.at[i].set(h), t.proposed.at[i].set(proposed), i + 1)

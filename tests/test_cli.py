@@ -268,3 +268,13 @@ def test_the_device_is_named_in_the_summary_and_the_json(capsys):
 def test_a_platform_that_is_not_here_is_one_line_exit_2(capsys, platform):
     code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--platform", platform)
     assert code == 2 and err.count("\n") == 1 and f"no {platform} here" in err and "--platform" in err, err
+
+
+def test_verify_block_reports_its_rule_and_weights_and_a_bad_rule_is_one_line(capsys):
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "8", "--K", "3", "--temperature",
+                           "0.8", "--verify", "block", "--json")
+    record = json.loads(out)
+    assert code == 0 and record["stats"]["verify"] == "block" and record["stats"]["K"] == 3
+    assert record["stats"]["drafts"] == 1 and all(len(s["w"]) == len(s["h"]) == 3 for s in record["steps"])
+    code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--verify", "blocks")
+    assert code == 2 and err.count("\n") == 1 and "invalid choice: 'blocks'" in err

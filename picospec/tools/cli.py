@@ -16,7 +16,7 @@ import jax
 from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
-from picospec.speculative import check_pair
+from picospec.draft import RULES, check_pair
 from picospec.tools.jit_cache import use_persistent_cache
 from picospec.tools.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.stream import Timing, stream
@@ -34,6 +34,8 @@ def parse_args(argv):
     parser.add_argument("--target", default="gpt2-xl", help="target model (default gpt2-xl, 1558M)")
     parser.add_argument("--n-tokens", type=int, default=40, help="tokens to generate (default 40)")
     parser.add_argument("--K", type=int, default=4, help="tokens drafted per target call (default 4)")
+    parser.add_argument("--verify", choices=RULES, default="token",
+                        help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1: all)")
@@ -104,20 +106,22 @@ def load(args):
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
     draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
-        check_pair(draft, target, args.K)
+        check_pair(draft, target, args.K, args.verify)
     return tokenizer, draft, target
 
 
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
+    settings = {"verify": args.verify, "K": args.K, "drafts": 1}  # what the speculative runs were asked to do
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
     if out and B == 1:
         out.write(texts[0])
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys, K=args.K,
-                            sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos, timing=timing):
+                            sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos, timing=timing,
+                            verify=args.verify):
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -126,13 +130,14 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], args.K, tokenizer, prompts[b], timing.compile_seconds)
-                records[b]["stats"]["device"] = device
+                records[b]["stats"] |= {"device": device} | (settings if mode == "speculative" else {})
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
     stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | {"device": device}
+    stats |= settings if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
     return records, stats

@@ -38,7 +38,9 @@ class Step:
     bonus: bool = False
     p: list[float] = field(default_factory=list)  # p[i](d_i), the draft's probability of d_i
     q: list[float] = field(default_factory=list)  # q[i](d_i), the target's
-    u: list[float] = field(default_factory=list)  # the uniforms: accept iff u < q / p
+    u: list[float] = field(default_factory=list)  # the uniforms: accept iff u < q / p (block: stop iff u < h)
+    w: list[float] = field(default_factory=list)  # block rule: the weights w_1..w_K (other rules: none)
+    h: list[float] = field(default_factory=list)  # block rule: the stop chances h_1..h_K
     proposed: bool = True  # False: the draft proposed nothing and the target stepped alone
     finished: bool = False  # the row's last step
     seconds: float = 0.0  # from the first iteration (prefill included) to the end of this one
@@ -71,12 +73,12 @@ def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id):
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
     active = unfinished(state, n_end)  # [B]
     state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: speculative_step(draft, target, row, K, sampling, eos_id), s, n_end), state)
+        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule), s, n_end), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
     return state, (active, unfinished(state, n_end), rows)
 
@@ -96,13 +98,13 @@ def skip_when_finished(active, step, state):
 
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
-           eos_id: int = -1, timing: Timing | None = None) -> Iterator[list[Step | None]]:
+           eos_id: int = -1, timing: Timing | None = None, verify: str = "token") -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
     single-prompt call with keys[b] would)."""
     timing = timing or Timing()
     if draft is not None:
-        check_pair(draft, target, K)
+        check_pair(draft, target, K, verify)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = jnp.asarray(n_prompt + n_tokens)
@@ -110,7 +112,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
     else:
-        models, iteration, options = (as_draft(draft, target), target), speculative_iteration, dict(K=K, eos_id=eos_id)
+        models, iteration, options = (as_draft(draft, target), target), speculative_iteration, dict(
+            K=K, eos_id=eos_id, rule=verify)
         batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
     init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
     t0 = time.perf_counter()
@@ -158,8 +161,9 @@ def step_from_row(row: Trace, n_left: int, eos_id: int = -1) -> Step:
     tokens = cut([int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)], n_left, eos_id)
     if not row.proposed:
         return Step(tokens, proposed=False)
+    block = bool(row.w.any())  # only the block rule records weights; the other rules leave zeros
     return Step(tokens, row.drafted.tolist(), int(row.n_accepted), bool(row.bonus), row.p.tolist(), row.q.tolist(),
-                row.u.tolist())
+                row.u.tolist(), row.w.tolist() if block else [], row.h.tolist() if block else [])
 
 
 def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:
