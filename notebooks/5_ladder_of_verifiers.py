@@ -1,0 +1,130 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The ladder of verifiers
+#
+# Steps 3 and 4 of speculative sampling decide how many of the K drafted tokens to keep, and draw one
+# more. Three rules do it losslessly (`picospec/verifiers.py`, `picospec/speculative.py`):
+#
+# - **match**: keep d_i while it equals a token the target samples itself at that position;
+# - **token**: keep d_i with probability min(1, q(d_i)/p(d_i)), resample a rejection from norm(max(0, q − p));
+# - **block**: judge the drafts as one block (Sun et al. 2024): a weight w_i = min(1, w_{i−1} q/p) carries
+#   over from one draft to the next, so a later draft that q likes more than p can make up for an
+#   earlier one it liked less.
+#
+# Each emits the target's law exactly (`tests/test_verifiers.py` enumerates it); they differ in how
+# many drafts one target call keeps.
+
+# %%
+import os
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+import picospec
+from picospec import theory
+from picospec.speculative import verifier
+from picospec.verifiers import block_residuals
+
+plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
+QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's shorter run
+
+# %% [markdown]
+# ## A worked example: three tokens, two drafts
+#
+# The draft proposed d_0 = `a` then d_1 = `b`. The target likes `a` half as much as the draft did,
+# and `b` twice as much.
+
+# %%
+p = np.array([[0.6, 0.3, 0.1],   # the draft's p[0]: it drew d_0 = a (token 0)
+              [0.7, 0.2, 0.1]])  # p[1]: it drew d_1 = b (token 1)
+q = np.array([[0.3, 0.5, 0.2],   # the target's q[0]
+              [0.1, 0.4, 0.5],   # q[1]
+              [0.4, 0.4, 0.2]])  # q[2], for the bonus
+d = np.array([0, 1])
+ratio = q[[0, 1], d] / p[[0, 1], d]
+w, h, residual = (np.asarray(x) for x in block_residuals(jnp.array(d), jnp.float32(p), jnp.float32(q)))
+print("q/p of each draft:", ratio)
+print("token rule: keeps d_0 with probability", min(1, ratio[0]), "and then d_1 with", min(1, ratio[1]))
+print("block rule: weights w_1, w_2 =", w[1:], " stop chances h_1, h_2 =", h[1:].round(3))
+
+# %% [markdown]
+# The token rule decides each draft alone: it throws `a` away half the time, and `b` with it. The
+# block rule asks whether the *block* is as likely under q as under p: w_2 = min(1, 0.5 · 2) = 1, so
+# h_2 = w_2 = 1 and it keeps both, always. The law of what comes out is the same; below, each
+# rule's chance of keeping 0, 1 or 2 drafts, **computed** from the rule and **measured** by running
+# picospec's own function with 20,000 keys.
+
+# %%
+def kept_law(rule):  # P(keep 0, 1, 2 drafts) for this drafted block, from the rule's definition
+    if rule == "match":  # the target's own samples must equal d_0, then d_1
+        return np.array([1 - q[0, 0], q[0, 0] * (1 - q[1, 1]), q[0, 0] * q[1, 1]])
+    if rule == "token":
+        a0, a1 = min(1, ratio[0]), min(1, ratio[1])
+        return np.array([1 - a0, a0 * (1 - a1), a0 * a1])
+    return np.array([(1 - h[1]) * (1 - h[2]), h[1] * (1 - h[2]), h[2]])  # block: the largest i with u_i < h_i
+
+
+keys = jax.random.split(jax.random.key(0), 20_000)
+fig, ax = plt.subplots(figsize=(6.5, 2.6))
+for j, rule in enumerate(["match", "token", "block"]):
+    run = jax.vmap(lambda k: verifier(rule)(k, jax.random.fold_in(k, 1), jnp.array(d), jnp.float32(p), jnp.float32(q))[0])
+    measured = np.bincount(np.asarray(run(keys)), minlength=3) / len(keys)
+    ax.bar(np.arange(3) + 0.27 * (j - 1), kept_law(rule), 0.25, label=f"{rule} (computed)", alpha=0.75)
+    ax.plot(np.arange(3) + 0.27 * (j - 1), measured, "k.", label="measured" if j == 2 else None)
+    print(f"{rule:5s} computed {kept_law(rule).round(3)}  measured {measured.round(3)}")
+ax.set_xticks(range(3), ["0 kept", "1 kept", "2 kept"])
+ax.set_ylabel("probability")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# ## On the bundled pair
+#
+# Tokens per target call (kept drafts + 1) for each rule at temperature 0.8, **measured** over many
+# runs, against the **prediction** of the capped geometric law (Leviathan et al.) from each rule's
+# own acceptance rate α measured in the same runs. The token rule follows it; the match rule too
+# (its α is Σ p·q); the block rule keeps more than the token rule with the same draft, and its
+# drafts are not kept one by one with a fixed chance, so the geometric law has no α for it: it is
+# drawn as measured, against the token rule's line.
+
+# %%
+draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
+prompt = picospec.load_tokenizer("tiny-target").encode("And God said").ids
+KS, RUNS, N = ((1, 2, 4), 16, 32) if QUICK else ((1, 2, 3, 4, 6), 64, 64)
+measured, alpha = {}, {}
+for rule in ("match", "token", "block"):
+    for K in KS:
+        keys = jax.random.split(jax.random.key(K), RUNS)
+        _, trace = picospec.speculative_sample_batch(draft, target, [prompt] * RUNS, N, keys, K=K, temperature=0.8,
+                                                     verify=rule)
+        n, kept = np.asarray(trace.n_steps), np.asarray(trace.n_accepted)
+        rows = np.concatenate([kept[b, :n[b]] for b in range(RUNS)])
+        measured[rule, K], alpha[rule, K] = rows.mean() + 1, float(theory.alpha_from_trace(jnp.array(rows), K))
+fig, ax = plt.subplots(figsize=(6.5, 3))
+for rule, colour in [("match", "C0"), ("token", "C1"), ("block", "C2")]:
+    ax.plot(KS, [measured[rule, K] for K in KS], "o", color=colour, label=f"{rule}, measured")
+    if rule != "block":
+        ax.plot(KS, [float(theory.expected_tokens_per_call(alpha[rule, K], K)) for K in KS], "-", color=colour,
+                label=f"{rule}, predicted from its α")
+ax.set_xlabel("K")
+ax.set_ylabel("tokens per target call")
+ax.legend(fontsize=8)
+plt.show()
+for K in KS:
+    print(f"K = {K}: " + ", ".join(f"{rule} {measured[rule, K]:.2f}" for rule in ("match", "token", "block")))
