@@ -42,6 +42,7 @@ GROUNDED = "In the beginning God created the heaven and the earth. In the beginn
 # c is the parameter ratio and v = 1; theory then says a drafted token was accepted with JAYMODY_ALPHA.
 JAYMODY = dict(speedup=60.64 / 27.15, K=4, c=124_439_808 / 1_557_611_200, v=1.0)
 JAYMODY_ALPHA = theory.alpha_from_speedup(**JAYMODY)  # 0.732
+STREAM_CALLS = 8  # products of the bandwidth probe's compiled loop
 
 
 def picospec_decode(model: Model, prompt, m: int):
@@ -115,9 +116,6 @@ def real_gpt2_prediction(pair: dict) -> dict:
                      "theory": float(theory.walltime_improvement(alpha, r["K"], pair["c"], pair["v"][r["K"]]))})
     by_K = {K: float(theory.walltime_improvement(alpha, K, pair["c"], v)) for K, v in pair["v"].items()}
     return {"alpha": alpha, "rows": rows, "theory_by_K": by_K}
-
-
-STREAM_CALLS = 8  # products of the bandwidth probe's compiled loop
 
 
 def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dict:
