@@ -40,8 +40,8 @@ def block_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     u_1..u_K; keep tau drafts, tau the largest i with u_i < h_i (0 if none), then one token from the
     normalized residual at tau (q[K] itself when tau = K).
 
-    Lossless: the paper (Theorem 1) shows the block, emitted token by token, follows q; it never
-    keeps fewer drafts in expectation than the token rule, which decides each draft alone."""
+    Lossless: the paper proves the emitted tokens follow q (tests/test_verifiers.py enumerates it);
+    it never keeps fewer drafts in expectation than the token rule, which decides each draft alone."""
     K = drafted.shape[0]
     w, h, residual = block_residuals(drafted, p, q)  # [K+1], [K+1], [K+1, V]
     u = jax.random.uniform(key_accept, (K,))  # [K] u_1..u_K
