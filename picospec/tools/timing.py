@@ -40,7 +40,7 @@ def stream_1GiB(calls=8):
     """`calls` matrix-vector products over a 1 GiB matrix, larger than any cache, in one compiled
     loop (each product feeds the next, so none is skipped): the time of a call gives the memory read
     bandwidth (a decode step is mostly matrix-vector products). One call alone would time a GPU's
-    launch and the host's round trip as much as its memory. Returns (run, calls)."""
+    launch and the host's round trip as much as its memory."""
     w, x = jnp.ones((1 << 14, 1 << 14), jnp.float32), jnp.ones(1 << 14, jnp.float32)
     loop = jax.jit(lambda w, x: jax.lax.fori_loop(0, calls, lambda _, x: (w @ x) * 2.0 ** -14, x))
     return lambda: loop(w, x).block_until_ready()
