@@ -19,6 +19,7 @@ may add in another order). Only the buffers are padded to the longest row; the p
 (picospec.tools.batches holds the entry points that check the inputs, memory and devices first.)
 """
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -65,9 +66,17 @@ def keep_finished(active, new, old):
     return new._replace(**kept)
 
 
+ROWS = "rows"  # the vmapped axis's name: an adaptive.Policy reads it to draft as far as any row needs
+
+
 def batch_step(step, state, n_end):
     """One iteration of every unfinished row: `step` (one row's iteration) vmapped. n_end: int32 [B]."""
-    return keep_finished(unfinished(state, n_end), jax.vmap(step)(state), state)
+    return keep_finished(unfinished(state, n_end), jax.vmap(step, axis_name=ROWS)(state), state)
+
+
+def in_batch(policy):
+    """An adaptive.Policy for rows stepped together (None stays None)."""
+    return policy and dataclasses.replace(policy, rows=ROWS)
 
 
 def batch_loop(step, state, n_end):
@@ -77,10 +86,10 @@ def batch_loop(step, state, n_end):
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule"))
 def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                      rule="token"):
+                      rule="token", policy=None):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
     state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
-    state = batch_loop(lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule), state,
+    state = batch_loop(lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule, in_batch(policy)), state,
                        n_prompt + n_tokens)
     return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt), state.trace
 

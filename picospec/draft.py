@@ -37,6 +37,35 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
     return Proposal(jnp.concatenate([drafted, d_last[None]]), jnp.concatenate([p, p_last[None]]), cache)
 
 
+def propose_until(draft: Model, tokens, n, cache: KVCache, key, K: int, k, threshold, sampling: Sampling,
+                  rows_max=lambda x: x) -> Proposal:
+    """Step 1, stopping early (adaptive.py): draft d_0, d_1, ... while fewer than k (int32 [], <= K)
+    are drafted and the newest had p[i](d_i) >= threshold. The same keys as `propose`, so with k = K
+    and threshold 0 it drafts the same tokens. p's rows past the last draft are zero. rows_max: in a
+    batch, every row's draft runs while any row still drafts (the extra drafts are dropped)."""
+    keys, greedy = jax.random.split(key, K), sampling.greedy
+    p_0, cache = catch_up(draft, tokens, n, cache, sampling)
+    d_0 = sample(keys[0], p_0, greedy)
+    drafted = jnp.zeros(K, jnp.int32).at[0].set(d_0)  # [K]
+    p = jnp.zeros((K,) + p_0.shape, p_0.dtype).at[0].set(p_0)  # [K, V]
+
+    def go_on(i, d_i, p_i):  # after d_i: draft another?
+        return (i + 1 < k) & (p_i[d_i] >= threshold)
+
+    def draft_step(carry):  # feed d_i, sample d_{i+1} from p[i+1]
+        i, cache, drafted, p, drafting = carry
+        logits, cache = forward(draft, drafted[i][None], cache)  # [1, V]
+        p_next = logits_to_probs(logits[0], sampling)
+        d_next = sample(keys[i + 1], p_next, greedy)
+        drafted = drafted.at[i + 1].set(jnp.where(drafting, d_next, 0))
+        p = p.at[i + 1].set(jnp.where(drafting, p_next, 0.0))
+        return i + 1, cache, drafted, p, drafting & go_on(i + 1, d_next, p_next)
+
+    carry = (jnp.int32(0), cache, drafted, p, go_on(0, d_0, p_0))
+    _, cache, drafted, p, _ = jax.lax.while_loop(lambda c: rows_max(c[4].astype(jnp.int32)) > 0, draft_step, carry)
+    return Proposal(drafted, p, cache)
+
+
 def catch_up(draft: Model, tokens, n, cache: KVCache, sampling: Sampling):
     """The draft's first call of an iteration: bring its cache to n - 1 positions, and return p[0].
 
@@ -63,6 +92,9 @@ class ModelDraft:
 
     def propose(self, tokens, n, cache, key, K: int, sampling: Sampling) -> Proposal:
         return propose(self.model, tokens, n, cache, key, K, sampling)
+
+    def propose_until(self, tokens, n, cache, key, K: int, k, threshold, sampling: Sampling, rows_max) -> Proposal:
+        return propose_until(self.model, tokens, n, cache, key, K, k, threshold, sampling, rows_max)
 
 
 def as_draft(draft, target: Model):

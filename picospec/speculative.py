@@ -35,6 +35,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from picospec import adaptive
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
@@ -51,19 +52,35 @@ def score(target: Model, tokens, n, drafted, cache: KVCache, sampling: Sampling)
     return logits_to_probs(logits, sampling), cache
 
 
+def score_first(target: Model, tokens, n, drafted, k, cache: KVCache, sampling: Sampling):
+    """Step 2 when only d_0..d_{k-1} were proposed (adaptive.py): score just those k + 1 positions,
+    one compiled branch per k (lax.switch runs one). Returns q [K+1, V] with zero rows past k."""
+    K = drafted.shape[0]
+
+    def first(j):  # x[n-1], d_0..d_{j-1}
+        def run(cache):
+            q, cache = score(target, tokens, n, drafted[:j], cache, sampling)  # [j+1, V]
+            return jnp.concatenate([q, jnp.zeros((K - j, q.shape[1]), q.dtype)]), cache
+        return run
+
+    return jax.lax.switch(k - 1, [first(j) for j in range(1, K + 1)], cache)
+
+
 def accept_or_resample(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     """Steps 3 and 4, the rejection sampler. drafted: int32 [K], d_i ~ p[i]; p: [K, V]; q: [K+1, V].
     greedy: temperature 0, so p and q are one-hot and the extra token is an argmax.
 
     Returns a, the number of drafts accepted (int32 []); extra, the token after them; and the
-    p[i](d_i), q[i](d_i) and uniforms u_i behind each decision ([K] each).
+    p[i](d_i), q[i](d_i) and uniforms u_i behind each decision ([K] each). Rows of p that are all
+    zero were not proposed (a draft that stopped early): none is accepted, and after the last
+    proposed one the extra token comes from q, a bonus.
     """
     K = drafted.shape[0]
     # Step 3: accept d_i with probability min(1, q/p), up to the first rejection.
     p_x = p[jnp.arange(K), drafted]  # [K] p[i](d_i) > 0, since d_i was sampled from p[i]
     q_x = q[jnp.arange(K), drafted]  # [K]
     u = jax.random.uniform(key_accept, (K,))  # [K] in [0, 1), so u < q/p is u < min(1, q/p)
-    accepted = u < q_x / p_x  # [K]
+    accepted = (p_x > 0) & (u < q_x / p_x)  # [K]; p[i] = 0: d_i was not proposed (adaptive.py)
     a = jnp.sum(jnp.cumprod(accepted))  # int32 []: the leading run of accepts
 
     # Step 4: one more token, from norm(max(0, q[a] - p[a])). p has a zero row at K, so after K
@@ -82,10 +99,16 @@ def verifier(rule: str):
 
 
 def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, sampling, eos_id,
-           rule: str = "token") -> SpecState:
-    """Steps 2 to 5 for drafts d_0..d_{K-1} (int32 [K]) drawn from p (float32 [K, V])."""
+           rule: str = "token", policy=None) -> SpecState:
+    """Steps 2 to 5 for drafts d_0..d_{K-1} (int32 [K]) drawn from p (float32 [K, V]); with a policy
+    (adaptive.py) only the first k were proposed, and p's other rows are zero."""
     K, n = drafted.shape[0], state.n
-    q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)  # Step 2
+    k = jnp.sum(jnp.any(p > 0, axis=-1)).astype(jnp.int32)  # drafts proposed: K, or fewer with a policy
+    if policy is None:  # Step 2
+        q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)
+    else:
+        q, target_cache = score_first(target, state.tokens, n, drafted, adaptive.rows_max(k, policy),
+                                      state.target_cache, sampling)
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
     decision = verifier(rule)(key_accept, key_extra, drafted, p, q, sampling.greedy)
@@ -97,7 +120,7 @@ def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, s
     tokens = jax.lax.dynamic_update_slice(state.tokens, new, (n,))
     n_new = n + a + 1
     done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
-    trace = record(state.trace, drafted, a, extra, a == K, p_x, q_x, u, w, h, True)
+    trace = record(state.trace, drafted, a, extra, a == k, p_x, q_x, u, w, h, True, k)
     return SpecState(tokens, n_new, rollback(state.draft_cache, n_new - 1),
                      target_cache._replace(length=n_new - 1), state.key, done, trace)
 
@@ -109,7 +132,7 @@ def target_step(target: Model, state: SpecState, key, sampling: Sampling, eos_id
     K = state.trace.drafted.shape[1]
     zeros = jnp.zeros(K)
     trace = record(state.trace, jnp.zeros(K, jnp.int32), jnp.int32(0), decoded.tokens[state.n], False, zeros, zeros,
-                   zeros, zeros, zeros, False)
+                   zeros, zeros, zeros, False, 0)
     return SpecState(decoded.tokens, decoded.n, rollback(state.draft_cache, decoded.n - 1), decoded.cache, state.key,
                      decoded.done, trace)
 
@@ -120,16 +143,22 @@ def rollback(cache: KVCache | None, length):
 
 
 def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: Sampling,
-                     eos_id: int, rule: str = "token") -> SpecState:
-    """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens."""
+                     eos_id: int, rule: str = "token", policy=None) -> SpecState:
+    """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens.
+    policy: an adaptive.Policy to draft fewer than K when that pays (None: always K)."""
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     # Step 1: the draft proposes d_0..d_{K-1} from its p (a model samples them; the n-gram draft looks
     # them up). A draft may find nothing to propose; then the iteration is one plain target step.
-    proposal = draft.propose(state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
+    if policy is None:
+        proposal = draft.propose(state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
+    else:
+        proposal = adaptive.propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling, policy,
+                                    state.trace)
     state = state._replace(key=key, draft_cache=proposal.cache)
     return jax.lax.cond(
         proposal.found,
-        lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra, sampling, eos_id, rule),
+        lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra, sampling, eos_id, rule,
+                       policy),
         lambda: target_step(target, state, key_extra, sampling, eos_id))
 
 
@@ -143,17 +172,17 @@ def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int,
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule"))
 def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                     rule="token"):
+                     rule="token", policy=None):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
     state = jax.lax.while_loop(
         lambda s: (s.n < n_prompt + n_tokens) & ~s.done,
-        lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule),
+        lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule, policy),
         state)
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
-                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False, verify="token"):
+                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
@@ -166,6 +195,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
       verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
+      policy: an adaptive.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
@@ -175,5 +205,5 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     tokens, prefill_len, max_len = buffers(prompt_tokens, n_tokens, K, target.config)
     eos_id = eos_to_stop_at(target, stop_at_eos)
     return speculative_loop(as_draft(draft, target), target, tokens, len(prompt_tokens), key, n_tokens, K, sampling,
-                            prefill_len, max_len, eos_id, verify)
+                            prefill_len, max_len, eos_id, verify, policy)
 

@@ -30,6 +30,7 @@ class Trace(NamedTuple):
     w: jax.Array  # float32 [R, K] block rule: the weight w_i of the block d_0..d_{i-1} (other rules: 0)
     h: jax.Array  # float32 [R, K] block rule: the chance h_i to stop after i drafts (other rules: 0)
     proposed: jax.Array  # bool [R] False: the draft proposed nothing, a plain target step ran
+    k: jax.Array  # int32 [R] drafts proposed: K, or fewer when a policy stopped the draft (adaptive.py)
     n_steps: jax.Array  # int32 [] iterations run = target forward calls
 
 
@@ -48,12 +49,12 @@ def empty_trace(R: int, K: int) -> Trace:
     """Room for R iterations of K drafts."""
     return Trace(jnp.zeros((R, K), jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32), jnp.zeros(R, bool),
                  jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)), jnp.zeros((R, K)),
-                 jnp.zeros(R, bool), jnp.int32(0))
+                 jnp.zeros(R, bool), jnp.zeros(R, jnp.int32), jnp.int32(0))
 
 
-def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, w, h, proposed) -> Trace:
+def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, w, h, proposed, k) -> Trace:
     """The trace with this iteration written at row n_steps."""
     i = t.n_steps
     return Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
                  t.bonus.at[i].set(bonus), t.p.at[i].set(p_x), t.q.at[i].set(q_x), t.u.at[i].set(u),
-                 t.w.at[i].set(w), t.h.at[i].set(h), t.proposed.at[i].set(proposed), i + 1)
+                 t.w.at[i].set(w), t.h.at[i].set(h), t.proposed.at[i].set(proposed), t.k.at[i].set(k), i + 1)

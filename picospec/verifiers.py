@@ -3,7 +3,8 @@
 Each takes the same inputs as `accept_or_resample` (the token rule, in speculative.py): the drafted
 tokens d_0..d_{K-1} (int32 [K]), the draft's p [K, V] they were drawn from, the target's q [K+1, V],
 and two keys; each returns a, the number of drafts kept, and the extra token after them, with what
-the trace records. All three emit tokens whose law is exactly q's; they differ in how many drafts
+the trace records. A row of p that is all zero marks a draft that was not proposed (adaptive.py):
+each rule keeps none from there on, and draws its extra token from q. All three emit tokens whose law is exactly q's; they differ in how many drafts
 they keep, and in expectation match <= token <= block.
 
   match  keep d_i while it equals a token the target samples itself at that position
@@ -28,8 +29,8 @@ def match_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     equals t_i), so the law is q's; the draft only decides how many of them one call yields."""
     K = drafted.shape[0]
     t = jax.vmap(lambda key, q_i: sample(key, q_i, greedy))(jax.random.split(key_extra, K + 1), q)  # [K+1]
-    a = jnp.sum(jnp.cumprod(t[:K] == drafted))  # int32 []: the leading run of matches
     p_x, q_x = p[jnp.arange(K), drafted], q[jnp.arange(K), drafted]  # [K]
+    a = jnp.sum(jnp.cumprod((t[:K] == drafted) & (p_x > 0)))  # int32 []: the leading run of proposed matches
     return a, t[a], p_x, q_x, jnp.zeros(K)
 
 
@@ -55,7 +56,8 @@ def block_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):
 def block_residuals(drafted, p, q):
     """Block verification's weights w_0..w_K, stop chances h_0..h_K and residuals [K+1, V] (unnormalized)."""
     K = drafted.shape[0]
-    ratio = q[jnp.arange(K), drafted] / p[jnp.arange(K), drafted]  # [K] q/p of each draft
+    p_x = p[jnp.arange(K), drafted]  # [K]; 0 where d_i was not proposed (adaptive.py): its weight is 0
+    ratio = jnp.where(p_x > 0, q[jnp.arange(K), drafted] / jnp.where(p_x > 0, p_x, 1.0), 0.0)  # [K] q/p of each
     w = [jnp.float32(1.0)]
     for i in range(K):  # the weight of the block d_0..d_i: how far q has kept up with p so far
         w.append(jnp.minimum(1.0, w[-1] * ratio[i]))
