@@ -89,17 +89,17 @@ def iteration_law(rule, x, K, P, Q):
     return law
 
 
-def stream_law(rule, x, L, K, P, Q, memo):
+def stream_law(rule, x, L, K, P, Q, memo, iteration=iteration_law):
     """The law of the first L tokens the loop generates after token x, iteration after iteration."""
     if L == 0:
         return {(): 1.0}
     if (x, L) not in memo:
         law = {}
-        for block, prob in iteration_law(rule, x, K, P, Q).items():
+        for block, prob in iteration(rule, x, K, P, Q).items():
             if len(block) >= L:
                 add(law, block[:L], prob)
             else:
-                for tail, p_tail in stream_law(rule, block[-1], L - len(block), K, P, Q, memo).items():
+                for tail, p_tail in stream_law(rule, block[-1], L - len(block), K, P, Q, memo, iteration).items():
                     add(law, block + tail, prob * p_tail)
         memo[(x, L)] = law
     return memo[(x, L)]

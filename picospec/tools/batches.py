@@ -14,10 +14,11 @@ from picospec.tools.sharding import place
 
 
 def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys, *, K=4, temperature=1.0,
-                             top_k=0, top_p=1.0, stop_at_eos=False, verify="token", mesh=None):
+                             top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, mesh=None):
     """`speculative_sample` for B prompts at once: prompts is a list of B token lists (any lengths),
     keys a [B] array of keys (e.g. jax.random.split(key, B)). Returns tokens int32 [B, n_tokens] and a
     Trace whose every field has a leading [B]; row b is exactly what the single-prompt call gives.
+    policy: an adaptive.Policy, as for `speculative_sample`.
     mesh: a jax.sharding.Mesh (picospec.tools.sharding.make_mesh) to split the rows, and the target's
     weights, across devices."""
     sampling = Sampling(temperature, top_k, top_p)
@@ -30,7 +31,8 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     draft = as_draft(draft, target)
     if mesh is not None:
         draft, target, args = place(mesh, draft, target, args)
-    out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify)
+    out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,
+                                    policy)
     return out[:len(prompts)], jax.tree_util.tree_map(lambda x: x[:len(prompts)], trace)
 
 

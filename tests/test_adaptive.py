@@ -1,0 +1,155 @@
+"""Adaptive K: a draft that stops early, by the theory's choice of k or by its own confidence, keeps
+every verifier exact (enumerated on a 4-token vocabulary, sampled through the loop), and its choice
+of k is the theory module's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import early_exit, random_model
+from stats import FAIL, PASS, chi_square_p
+from test_speculative import DRAFT, TARGET, speculative_triples, target_law
+from test_verifiers import (RESIDUALS, V, add, block_law, markov_target_law, markov_tables, match_law, stream_law,
+                            token_law)
+
+import picospec
+from picospec import Sampling, adaptive, theory
+from picospec.speculative import verifier
+
+POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
+
+
+def padded_block_law(d, p, q):
+    """block_law on the arrays the loop passes after a stop: d, p padded to K_max = 3 with zero rows."""
+    k = len(d)
+    d_pad = d + (0,) * (3 - k)
+    p_pad = np.concatenate([p, np.zeros((3 - k, V))])
+    q_pad = np.concatenate([q, np.full((3 - k, V), 1 / V)])  # scored past the stop: never read
+    return block_law(d_pad, p_pad, q_pad)
+
+
+def stopping_law(stop, stop_is_rejection=False):
+    """One iteration after token x when the draft stops after d_i if stop(x, d[:i+1], p(d_i)) or at K:
+    the drafts' probability times the rule's law for the k drafted. The control treats the stop as a
+    rejection: the extra token comes from norm(max(0, q[k] - p[k])) with the draft's unused p[k]."""
+    def iteration(rule, x, K, P, Q):
+        law = {}
+
+        def grow(d, prob):
+            prev = (x,) + d
+            for y in range(V):
+                drafts, chance = d + (y,), prob * P[prev[-1]][y]
+                if len(drafts) < K and not stop(x, drafts, P[prev[-1]][y]):
+                    grow(drafts, chance)
+                    continue
+                seq, k = (x,) + drafts, len(drafts)
+                p, q = np.stack([P[seq[i]] for i in range(k)]), np.stack([Q[seq[i]] for i in range(k + 1)])
+                if stop_is_rejection and k < K:
+                    residual = np.maximum(q[k] - P[seq[k]], 0)
+                    q = np.concatenate([q[:k], [residual / residual.sum() if residual.sum() > 0 else q[k]]])
+                for block, b in rule(drafts, p, q).items():
+                    add(law, block, chance * b)
+        grow((), 1.0)
+        return law
+    return iteration
+
+
+STOPS = {
+    "confidence": lambda x, d, p_d: p_d < 0.35,  # the draft's own probability of its token
+    "k from the past": lambda x, d, p_d: len(d) >= 1 + x % 3,  # k decided before drafting, from earlier tokens
+}
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_stopping_early_keeps_every_rule_exact(stop):
+    for seed in range(3):
+        P, Q = markov_tables(seed)
+        target = markov_target_law(0, 4, Q)
+        for rule in (match_law, token_law, padded_block_law):
+            law = stream_law(rule, 0, 4, 3, P, Q, {}, stopping_law(STOPS[stop]))
+            assert max(abs(law.get(s, 0.0) - target[s]) for s in target) < 1e-6, (rule.__name__, seed)
+    # The control: a stop read as a rejection of the draft's next token is not lossless.
+    law = stream_law(token_law, 0, 4, 3, P, Q, {}, stopping_law(STOPS[stop], stop_is_rejection=True))
+    assert max(abs(law.get(s, 0.0) - target[s]) for s in target) > 1e-3
+
+
+@pytest.mark.parametrize("rule, law", [("match", match_law), ("token", token_law), ("block", block_law)])
+def test_each_rule_as_coded_reads_zero_rows_as_not_proposed(rule, law):
+    """One proposed draft of K = 3 (p's other rows zero): the real function samples the K = 1 law."""
+    P, Q = markov_tables(1)
+    d, p, q = (2, 1, 3), np.stack([P[3], np.zeros(V), np.zeros(V)]), np.stack([Q[3], Q[2], Q[1], Q[0]])
+    run = jax.vmap(lambda k1, k2: verifier(rule)(k1, k2, jnp.array(d), jnp.float32(p), jnp.float32(q))[:2])
+    a, extra = run(jax.random.split(jax.random.key(0), 20_000), jax.random.split(jax.random.key(1), 20_000))
+    expected = law((2,), p[:1], q[:2])
+    cells = {block: i for i, block in enumerate(expected)}
+    assert int(a.max()) <= 1
+    index = np.array([cells[d[:int(n)] + (int(y),)] for n, y in zip(a, extra)])
+    assert chi_square_p(index, np.array(list(expected.values()))) > PASS
+    if rule == "block":  # the weights and residuals up to the stop are the K = 1 ones, exactly
+        w, h, r = RESIDUALS(jnp.array(d), jnp.float32(p), jnp.float32(q))
+        w1, h1, r1 = RESIDUALS(jnp.array(d[:1]), jnp.float32(p[:1]), jnp.float32(q[:2]))
+        np.testing.assert_allclose(np.asarray(h[:2]), np.asarray(h1), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(r[:2]), np.asarray(r1), atol=1e-6)
+        assert not np.asarray(h[2:]).any()
+
+
+@pytest.mark.parametrize("rule", ["token", pytest.param("block", marks=pytest.mark.slow)])
+def test_the_adaptive_loop_follows_the_target_joint_law(rule):
+    law = target_law(Sampling(1.0))
+    triples = speculative_triples(K=4, temperature=1.0, verify=rule, policy=POLICY)
+    assert chi_square_p(triples, law) > PASS
+    # The control: the same loop against the draft's law fails.
+    assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
+
+
+def test_greedy_is_the_targets_greedy_output_with_every_policy_and_rule():
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    draft = early_exit(target, 1)
+    policies = [POLICY, adaptive.fixed(5, threshold=0.9), adaptive.Policy(jnp.float32(0.01), jnp.ones(6), 0.0)]
+    for seed, prompt in enumerate([[3], [1, 5, 9, 2], list(range(12))]):
+        key = jax.random.key(seed)
+        greedy = picospec.autoregressive_sample(target, prompt, 30, key, temperature=0)
+        for policy in policies:
+            for rule in ("match", "token", "block"):
+                spec, trace = picospec.speculative_sample(draft, target, prompt, 30, key, K=policy.v.shape[0],
+                                                          temperature=0, verify=rule, policy=policy)
+                np.testing.assert_array_equal(spec, greedy, err_msg=f"{policy}, {rule}")
+
+
+def test_a_policy_that_never_stops_is_the_fixed_K_loop_and_stops_show_in_the_trace():
+    key = jax.random.key(4)
+    fixed, _ = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 20, key, K=3)
+    same, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 20, key, K=3, policy=adaptive.fixed(3))
+    np.testing.assert_array_equal(fixed, same)  # the same keys draft the same tokens
+    assert (np.asarray(trace.k[:int(trace.n_steps)]) == 3).all()
+    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=4, policy=adaptive.fixed(4, 0.5))
+    k, a, n = np.asarray(trace.k), np.asarray(trace.n_accepted), int(trace.n_steps)
+    p = np.asarray(trace.p)
+    assert 1 <= k[:n].min() and k[:n].max() <= 4 and (k[:n] < 4).any()
+    for i in range(n):  # stopped right after the first draft under the threshold, and none after it
+        low = np.flatnonzero(p[i] < 0.5)
+        assert k[i] == min(4, low[0] + 1 if len(low) else 4)
+        assert a[i] <= k[i] and bool(trace.bonus[i]) == (a[i] == k[i])
+
+
+def test_choose_k_is_the_theorys_optimal_K_and_alpha_comes_from_the_trace():
+    for c in (0.01, 0.1, 0.4):
+        v = np.array([1.0, 1.05, 1.2, 1.4, 1.7, 2.0, 2.4, 2.9])
+        policy = adaptive.Policy(jnp.float32(c), jnp.float32(v), 0.0)
+        for alpha in (0.05, 0.3, 0.6, 0.8, 0.95):
+            assert int(adaptive.choose_k(policy, jnp.float32(alpha))) == theory.optimal_K(alpha, c, lambda K: v[K - 1], 8)
+    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4))
+    n = int(trace.n_steps)
+    s, f = np.asarray(trace.n_accepted[:n]).sum(), np.sum(np.asarray(trace.n_accepted[:n]) < 4)
+    assert np.isclose(float(adaptive.alpha_estimate(trace)), (s + 1) / (s + f + 2))
+    assert abs(theory.alpha_from_trace(trace.n_accepted[:n], 4) - s / (s + f)) < 1e-9
+
+
+def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
+    prompts, keys = [[1, 4], [2], [3, 3, 0, 5]], jax.random.split(jax.random.key(7), 3)
+    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 12, keys, K=4, policy=POLICY)
+    for b, prompt in enumerate(prompts):
+        single, t = picospec.speculative_sample(DRAFT, TARGET, prompt, 12, keys[b], K=4, policy=POLICY)
+        np.testing.assert_array_equal(out[b], single)
+        n = int(t.n_steps)  # a finished row's later rows are scratch
+        np.testing.assert_array_equal(trace.k[b, :n], t.k[:n])
