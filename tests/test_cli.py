@@ -121,7 +121,8 @@ BAD = {
     "n-tokens < 1": ([*PAIR, "--n-tokens", "0"], "n-tokens must be >= 1"),
     "beyond context": ([*PAIR, "--n-tokens", "60", "--prompt", "The quick brown"], "exceeds the model's context of 64"),
     "unknown dtype": ([*PAIR, "--dtype", "float8"], "unknown dtype 'float8'"),
-    "not a number": ([*PAIR, "--K", "four"], "argument --K: invalid int value: 'four'"),
+    "not a number": ([*PAIR, "--K", "four"], "argument --K: give a whole number or auto, not 'four'"),
+    "confidence of 1": ([*PAIR, "--confidence", "1"], "confidence must be in [0, 1), got 1.0"),
     "unknown mode": ([*PAIR, "--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
 }
 

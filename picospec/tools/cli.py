@@ -13,10 +13,13 @@ import sys
 
 import jax
 
+from picospec import adaptive
+from picospec.batch import batch_buffers
 from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.draft import RULES, check_pair
+from picospec.tools.costs import auto_policy
 from picospec.tools.jit_cache import use_persistent_cache
 from picospec.tools.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.stream import Timing, stream
@@ -33,7 +36,10 @@ def parse_args(argv):
     parser.add_argument("--ngram-max", type=int, default=3, help="with --draft ngram: longest n-gram tried (default 3)")
     parser.add_argument("--target", default="gpt2-xl", help="target model (default gpt2-xl, 1558M)")
     parser.add_argument("--n-tokens", type=int, default=40, help="tokens to generate (default 40)")
-    parser.add_argument("--K", type=int, default=4, help="tokens drafted per target call (default 4)")
+    parser.add_argument("--K", type=k_value, default=4, help="tokens drafted per target call (default 4); auto: "
+                        f"chosen each call, up to {AUTO_K_MAX}, from this machine's costs and the acceptance so far")
+    parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting after a token the draft gives "
+                        "less than this probability (default 0: never)")
     parser.add_argument("--verify", choices=RULES, default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -50,6 +56,18 @@ def parse_args(argv):
                         "a batch: one line per row as it finishes, then one with the summary)")
     parser.error = lambda message: _fail(message)  # one line, exit code 2: no usage dump
     return parser.parse_args(argv)
+
+
+AUTO_K_MAX = 8  # --K auto compiles for this many drafts and stops earlier when that pays
+
+
+def k_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a whole number or auto, not {text!r}") from None
 
 
 def _fail(message):
@@ -106,22 +124,36 @@ def load(args):
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
     draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
-        check_pair(draft, target, args.K, args.verify)
+        check_pair(draft, target, K_max(args), args.verify)
     return tokenizer, draft, target
+
+
+def K_max(args) -> int:
+    return AUTO_K_MAX if args.K == "auto" else args.K
+
+
+def make_policy(args, draft, target, prompts):
+    """The adaptive.Policy the flags ask for: --K auto times this machine's costs (tools/costs.py);
+    --confidence alone cuts a fixed K short; neither: None, always K drafts."""
+    if args.K == "auto":
+        capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
+        return auto_policy(draft, target, AUTO_K_MAX, capacity, args.confidence)
+    return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
 
 
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
-    settings = {"verify": args.verify, "K": args.K, "drafts": 1}  # what the speculative runs were asked to do
+    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": 1}  # what was asked
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
     if out and B == 1:
         out.write(texts[0])
-    for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys, K=args.K,
-                            sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos, timing=timing,
-                            verify=args.verify):
+    policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
+    for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
+                            K=K_max(args), sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos,
+                            timing=timing, verify=args.verify, policy=policy):
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -130,17 +162,24 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], args.K, tokenizer, prompts[b], timing.compile_seconds)
-                records[b]["stats"] |= {"device": device} | (settings if mode == "speculative" else {})
+                records[b]["stats"] |= {"device": device} | (settings | k_used(steps[b]) if mode == "speculative"
+                                                             else {})
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
     stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | {"device": device}
-    stats |= settings if mode == "speculative" else {}
+    stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
     return records, stats
+
+
+def k_used(steps) -> dict:
+    """The drafts the target checked per call, on average (K itself unless a policy stopped early)."""
+    proposed = [s.k for s in steps if s.proposed]
+    return {"K_used": sum(proposed) / len(proposed) if proposed else 0.0}
 
 
 def print_row(args, mode, b, texts, record, out):
@@ -158,9 +197,11 @@ def main(argv=None) -> int:
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
         Sampling(args.temperature, args.top_k, args.top_p)  # validate before loading anything
-        for name, value in [("K", args.K), ("n-tokens", args.n_tokens)]:
+        for name, value in [("K", K_max(args)), ("n-tokens", args.n_tokens)]:
             if value < 1:
                 raise PicospecError(f"{name} must be >= 1, got {value}")
+        if not 0 <= args.confidence < 1:
+            raise PicospecError(f"confidence must be in [0, 1), got {args.confidence}")
         texts = read_prompts(args)
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]

@@ -39,7 +39,7 @@ def row_record(mode: str, steps: list[Step], K: int, tokenizer, prompt_tokens, c
     """One row's result: its text and tokens, every step's decisions, and its figures."""
     tokens = [t for s in steps for t in s.tokens]
     n_steps, seconds = len(steps), steps[-1].seconds
-    drafted = K * sum(s.proposed for s in steps) if mode == "speculative" else 0
+    drafted = sum(s.k for s in steps) if mode == "speculative" else 0
     accepted = sum(s.accepted for s in steps)
     stats = {"n_tokens": len(tokens), "n_steps": n_steps, "tokens_per_step": len(tokens) / n_steps,
              "acceptance_rate": accepted / drafted if drafted else None, "seconds": seconds,
@@ -53,7 +53,7 @@ def row_record(mode: str, steps: list[Step], K: int, tokenizer, prompt_tokens, c
 def batch_stats(rows: list[dict], K: int, seconds: float, compile_seconds: float) -> dict:
     """The batch as a whole: every row's tokens over the wall time until the last row finished."""
     steps = [s for r in rows for s in r["steps"]]
-    n_tokens, drafted = sum(len(s["tokens"]) for s in steps), K * sum(s.get("proposed", False) for s in steps)
+    n_tokens, drafted = sum(len(s["tokens"]) for s in steps), sum(s.get("k", 0) for s in steps)
     return {"n_prompts": len(rows), "n_tokens": n_tokens, "n_steps": len(steps), "tokens_per_step": n_tokens / len(steps),
             "acceptance_rate": sum(s.get("accepted", 0) for s in steps) / drafted if drafted else None,
             "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds}

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.batch import batch_buffers, batch_step, unfinished
+from picospec.batch import batch_buffers, batch_step, in_batch, unfinished
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling, autoregressive_start, autoregressive_step
@@ -42,6 +42,7 @@ class Step:
     w: list[float] = field(default_factory=list)  # block rule: the weights w_1..w_K (other rules: none)
     h: list[float] = field(default_factory=list)  # block rule: the stop chances h_1..h_K
     proposed: bool = True  # False: the draft proposed nothing and the target stepped alone
+    k: int = 0  # drafts proposed (fewer than K when a policy stopped the draft early)
     finished: bool = False  # the row's last step
     seconds: float = 0.0  # from the first iteration (prefill included) to the end of this one
 
@@ -73,12 +74,13 @@ def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule):
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule, policy=None):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
     active = unfinished(state, n_end)  # [B]
     state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule), s, n_end), state)
+        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule, in_batch(policy)), s, n_end),
+        state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
     return state, (active, unfinished(state, n_end), rows)
 
@@ -98,10 +100,11 @@ def skip_when_finished(active, step, state):
 
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
-           eos_id: int = -1, timing: Timing | None = None, verify: str = "token") -> Iterator[list[Step | None]]:
+           eos_id: int = -1, timing: Timing | None = None, verify: str = "token",
+           policy=None) -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
-    single-prompt call with keys[b] would)."""
+    single-prompt call with keys[b] would). policy: an adaptive.Policy (K is then K_max)."""
     timing = timing or Timing()
     if draft is not None:
         check_pair(draft, target, K, verify)
@@ -112,8 +115,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
     else:
-        models, iteration, options = (as_draft(draft, target), target), speculative_iteration, dict(
-            K=K, eos_id=eos_id, rule=verify)
+        models, options = (as_draft(draft, target), target), dict(K=K, eos_id=eos_id, rule=verify)
+        iteration = partial(speculative_iteration, policy=policy)  # its few numbers compile in as constants
         batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
     init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
     t0 = time.perf_counter()
@@ -161,9 +164,10 @@ def step_from_row(row: Trace, n_left: int, eos_id: int = -1) -> Step:
     tokens = cut([int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)], n_left, eos_id)
     if not row.proposed:
         return Step(tokens, proposed=False)
-    block = bool(row.w.any())  # only the block rule records weights; the other rules leave zeros
-    return Step(tokens, row.drafted.tolist(), int(row.n_accepted), bool(row.bonus), row.p.tolist(), row.q.tolist(),
-                row.u.tolist(), row.w.tolist() if block else [], row.h.tolist() if block else [])
+    block, k = bool(row.w.any()), int(row.k)  # only the block rule records weights; the others leave zeros
+    return Step(tokens, row.drafted[:k].tolist(), int(row.n_accepted), bool(row.bonus), row.p[:k].tolist(),
+                row.q[:k].tolist(), row.u[:k].tolist(), row.w[:k].tolist() if block else [],
+                row.h[:k].tolist() if block else [], k=k)
 
 
 def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:

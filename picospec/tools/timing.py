@@ -102,7 +102,7 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
             draft, target, K = call
             run = lambda n, draft=draft, target=target, K=K, caches=(cached(draft), cached(target)): lambda: (  # noqa: E731
                 iteration_calls(draft, target, K, jnp.int32(n), *caches).block_until_ready())
-        n = 4
+        n = 1
         while best(run(n), rounds=1) < min_seconds:
             n *= 2
         runs[name], n_calls[name] = run(n), n
