@@ -84,13 +84,14 @@ def batch_loop(step, state, n_end):
     return jax.lax.while_loop(lambda s: jnp.any(unfinished(s, n_end)), lambda s: batch_step(step, s, n_end), state)
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule"))
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule", "drafts"))
 def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                      rule="token", policy=None):
+                      rule="token", policy=None, drafts=1):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
     state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
-    state = batch_loop(lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule, in_batch(policy)), state,
-                       n_prompt + n_tokens)
+    step = partial(speculative_step, draft, target, K=K, sampling=sampling, eos_id=eos_id, rule=rule,
+                   policy=in_batch(policy), drafts=drafts)
+    state = batch_loop(step, state, n_prompt + n_tokens)
     return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt), state.trace
 
 

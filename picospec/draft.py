@@ -106,12 +106,18 @@ def as_draft(draft, target: Model):
 RULES = ("match", "token", "block")  # the verifiers (speculative.py, verifiers.py)
 
 
-def check_pair(draft, target: Model, K: int, rule: str = "token"):
-    """A model draft must share the target's vocabulary and context; K >= 1; a known verifier."""
+def check_pair(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None):
+    """A model draft must share the target's vocabulary and context; K >= 1; a known verifier; several
+    drafts come from a model, with a fixed K and a rule that takes several (match, token)."""
     if not (isinstance(K, int) and K >= 1):
         raise PicospecError(f"K must be a whole number >= 1, got {K}")
     if rule not in RULES:
         raise PicospecError(f"unknown verifier {rule!r}; use one of {', '.join(RULES)}")
+    if not (isinstance(drafts, int) and drafts >= 1):
+        raise PicospecError(f"drafts must be a whole number >= 1, got {drafts}")
+    if drafts > 1 and (rule == "block" or policy is not None or not isinstance(draft, Model)):
+        raise PicospecError("several drafts need a draft model, a fixed K and --verify match or token "
+                            "(block verification judges one chain; the n-gram lookup has only one)")
     if not isinstance(draft, Model):  # the n-gram draft checked itself when it was made
         return
     if draft.config.vocab_size != target.config.vocab_size:

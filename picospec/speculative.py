@@ -40,7 +40,8 @@ from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
                                logits_to_probs, prefill, sample)
-from picospec.state import SpecState, empty_trace, record
+from picospec.several import several_step
+from picospec.state import SpecState, advance, empty_trace, record, rollback
 from picospec.verifiers import block_rule, match_rule
 
 
@@ -115,14 +116,9 @@ def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, s
     a, extra, p_x, q_x, u = decision[:5]
     w, h = decision[5:] or (jnp.zeros(K), jnp.zeros(K))  # the block rule's weights and stop chances
 
-    # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back to n_new - 1.
-    new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch
-    tokens = jax.lax.dynamic_update_slice(state.tokens, new, (n,))
-    n_new = n + a + 1
-    done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
+    # Step 5: append d_0..d_{a-1} and the extra token; roll the caches back (state.advance).
     trace = record(state.trace, drafted, a, extra, a == k, p_x, q_x, u, w, h, True, k)
-    return SpecState(tokens, n_new, rollback(state.draft_cache, n_new - 1),
-                     target_cache._replace(length=n_new - 1), state.key, done, trace)
+    return advance(state, drafted, a, extra, state.draft_cache, target_cache, trace, eos_id)
 
 
 def target_step(target: Model, state: SpecState, key, sampling: Sampling, eos_id: int) -> SpecState:
@@ -137,15 +133,13 @@ def target_step(target: Model, state: SpecState, key, sampling: Sampling, eos_id
                      decoded.done, trace)
 
 
-def rollback(cache: KVCache | None, length):
-    """A draft's cache cut back to at most `length` positions (the n-gram draft has no cache)."""
-    return None if cache is None else cache._replace(length=jnp.minimum(cache.length, length))
-
-
 def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: Sampling,
-                     eos_id: int, rule: str = "token", policy=None) -> SpecState:
+                     eos_id: int, rule: str = "token", policy=None, drafts: int = 1) -> SpecState:
     """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens.
-    policy: an adaptive.Policy to draft fewer than K when that pays (None: always K)."""
+    policy: an adaptive.Policy to draft fewer than K when that pays (None: always K).
+    drafts: N > 1 draws N chains and verifies them all in one call (several.py)."""
+    if drafts > 1:
+        return several_step(draft, target, state, K, drafts, sampling, eos_id, rule)
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     # Step 1: the draft proposes d_0..d_{K-1} from its p (a model samples them; the n-gram draft looks
     # them up). A draft may find nothing to propose; then the iteration is one plain target step.
@@ -170,19 +164,20 @@ def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int,
                      empty_trace(tokens.shape[0], K))  # each iteration adds >= 1 token: at most L of them
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule"))
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule", "drafts"))
 def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                     rule="token", policy=None):
+                     rule="token", policy=None, drafts=1):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
     state = jax.lax.while_loop(
         lambda s: (s.n < n_prompt + n_tokens) & ~s.done,
-        lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule, policy),
+        lambda s: speculative_step(draft, target, s, K, sampling, eos_id, rule, policy, drafts),
         state)
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4,
-                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None):
+                       temperature=1.0, top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None,
+                       drafts=1):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
@@ -196,14 +191,15 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
       verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
       policy: an adaptive.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
+      drafts: N independent draft chains verified together (several.py; match or token, no policy).
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
     """
     sampling = Sampling(temperature, top_k, top_p)
-    check_pair(draft, target, K, verify)
+    check_pair(draft, target, K, verify, drafts, policy)
     tokens, prefill_len, max_len = buffers(prompt_tokens, n_tokens, K, target.config)
     eos_id = eos_to_stop_at(target, stop_at_eos)
     return speculative_loop(as_draft(draft, target), target, tokens, len(prompt_tokens), key, n_tokens, K, sampling,
-                            prefill_len, max_len, eos_id, verify, policy)
+                            prefill_len, max_len, eos_id, verify, policy, drafts)
 

@@ -58,3 +58,21 @@ def record(t: Trace, drafted, a, extra, bonus, p_x, q_x, u, w, h, proposed, k) -
     return Trace(t.drafted.at[i].set(drafted), t.n_accepted.at[i].set(a), t.extra.at[i].set(extra),
                  t.bonus.at[i].set(bonus), t.p.at[i].set(p_x), t.q.at[i].set(q_x), t.u.at[i].set(u),
                  t.w.at[i].set(w), t.h.at[i].set(h), t.proposed.at[i].set(proposed), t.k.at[i].set(k), i + 1)
+
+
+def advance(state: SpecState, drafted, a, extra, draft_cache, target_cache: KVCache, trace: Trace,
+            eos_id: int) -> SpecState:
+    """Step 5 (speculative.py): append d_0..d_{a-1} (drafted int32 [K]) and the extra token, then roll
+    both caches back to the new length minus one; done if <|endoftext|> (eos_id) was appended."""
+    K, n = drafted.shape[0], state.n
+    new = jnp.concatenate([drafted, drafted[:1]]).at[a].set(extra)  # [K+1]; slots after a: scratch
+    tokens = jax.lax.dynamic_update_slice(state.tokens, new, (n,))
+    n_new = n + a + 1
+    done = jnp.any((new == eos_id) & (jnp.arange(K + 1) <= a))
+    return SpecState(tokens, n_new, rollback(draft_cache, n_new - 1), target_cache._replace(length=n_new - 1),
+                     state.key, done, trace)
+
+
+def rollback(cache: KVCache | None, length):
+    """A draft's cache cut back to at most `length` positions (the n-gram draft has no cache)."""
+    return None if cache is None else cache._replace(length=jnp.minimum(cache.length, length))

@@ -14,25 +14,26 @@ from picospec.tools.sharding import place
 
 
 def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys, *, K=4, temperature=1.0,
-                             top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, mesh=None):
+                             top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1,
+                             mesh=None):
     """`speculative_sample` for B prompts at once: prompts is a list of B token lists (any lengths),
     keys a [B] array of keys (e.g. jax.random.split(key, B)). Returns tokens int32 [B, n_tokens] and a
     Trace whose every field has a leading [B]; row b is exactly what the single-prompt call gives.
-    policy: an adaptive.Policy, as for `speculative_sample`.
+    policy, drafts: as for `speculative_sample`.
     mesh: a jax.sharding.Mesh (picospec.tools.sharding.make_mesh) to split the rows, and the target's
     weights, across devices."""
     sampling = Sampling(temperature, top_k, top_p)
-    check_pair(draft, target, K, verify)
+    check_pair(draft, target, K, verify, drafts, policy)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
     models = [m for m in (draft, target) if isinstance(m, Model)]
-    check_memory(len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
+    check_memory(drafts * len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     eos_id = eos_to_stop_at(target, stop_at_eos)
     args = (tokens, n_prompt, check_keys(keys, len(prompts)))
     draft = as_draft(draft, target)
     if mesh is not None:
         draft, target, args = place(mesh, draft, target, args)
     out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,
-                                    policy)
+                                    policy, drafts)
     return out[:len(prompts)], jax.tree_util.tree_map(lambda x: x[:len(prompts)], trace)
 
 

@@ -1,0 +1,141 @@
+"""Several drafts: N independent chains verified in one call by recursive rejection sampling (or the
+match rule) give exactly the target's law, by enumeration on a 4-token vocabulary and by sampling."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import early_exit, random_model
+from stats import FAIL, PASS, chi_square_p
+from test_speculative import DRAFT, TARGET, speculative_triples, target_law
+from test_verifiers import V, add, markov_target_law, markov_tables, stream_law
+
+import picospec
+from picospec import PicospecError, Sampling
+from picospec.several import RULES
+
+
+def rrs_law(chains, x, P, Q, reuse_q=False):
+    """The law of one iteration's output block given the drafted chains (tuples of K tokens after x),
+    by recursive rejection sampling written out: at each depth the alive chains in turn against the
+    residual r. reuse_q: the control that tries every candidate against q itself."""
+    law, K = {}, len(chains[0])
+
+    def depth(i, alive, prefix, prob):
+        p, q = P[((x,) + prefix)[-1]], Q[((x,) + prefix)[-1]]
+        if i == K:
+            for y in range(V):
+                add(law, prefix + (y,), prob * q[y])
+            return
+        r = q.copy()
+        for j in alive:
+            t = chains[j][i]
+            accept = min(1.0, r[t] / p[t])
+            if accept > 0:
+                depth(i + 1, [c for c in alive if chains[c][i] == t], prefix + (t,), prob * accept)
+            prob *= 1 - accept
+            residual = np.maximum(r - p, 0)
+            if not reuse_q and residual.sum() > 0:
+                r = residual / residual.sum()
+        for y in range(V):
+            add(law, prefix + (y,), prob * r[y])
+    depth(0, list(range(len(chains))), (), 1.0)
+    return law
+
+
+def match_several_law(chains, x, P, Q):
+    """The target samples t_i ~ q; the alive chains that drafted t_i go on."""
+    law, K = {}, len(chains[0])
+
+    def depth(i, alive, prefix, prob):
+        q = Q[((x,) + prefix)[-1]]
+        for t in range(V):
+            going = [c for c in alive if i < K and chains[c][i] == t]
+            if going:
+                depth(i + 1, going, prefix + (t,), prob * q[t])
+            else:
+                add(law, prefix + (t,), prob * q[t])
+    depth(0, list(range(len(chains))), (), 1.0)
+    return law
+
+
+def several_iteration(N, **kw):
+    def iteration(rule, x, K, P, Q):
+        """Every draw of N independent chains of K drafts after x, times the rule's law given them."""
+        law = {}
+        for flat in itertools.product(range(V), repeat=N * K):
+            chains = [flat[j * K:(j + 1) * K] for j in range(N)]
+            chance = np.prod([P[((x,) + c)[i]][c[i]] for c in chains for i in range(K)])
+            for block, prob in rule(chains, x, P, Q, **kw).items():
+                add(law, block, chance * prob)
+        return law
+    return iteration
+
+
+def error(rule, N, seed, **kw):
+    P, Q = markov_tables(seed)
+    law, target = stream_law(rule, 0, 3, 2, P, Q, {}, several_iteration(N, **kw)), markov_target_law(0, 3, Q)
+    return max(abs(law.get(s, 0.0) - target[s]) for s in target)
+
+
+def kept(rule, N, seed):
+    P, Q = markov_tables(seed)
+    return sum(prob * len(block) for block, prob in several_iteration(N)(rule, 0, 2, P, Q).items())
+
+
+def test_several_drafts_give_the_targets_law_exactly_and_more_drafts_keep_more():
+    for seed in range(2):
+        for rule in (rrs_law, match_several_law):
+            for N in (2, 3):
+                assert error(rule, N, seed) < 1e-6, (rule.__name__, N, seed)
+            assert kept(rule, 1, seed) <= kept(rule, 2, seed) <= kept(rule, 3, seed) + 1e-9
+        assert kept(match_several_law, 2, seed) <= kept(rrs_law, 2, seed)
+    # The control: trying every candidate against q, never the residual, is not lossless.
+    assert error(rrs_law, 2, 0, reuse_q=True) > 1e-3
+
+
+@pytest.mark.parametrize("rule, law", [("token", rrs_law), ("match", match_several_law)])
+def test_each_rule_as_coded_draws_its_exact_law(rule, law):
+    """The real function, for two fixed chains that share their first draft: (chain's accepted
+    drafts, extra token) sampled against the law written out above."""
+    P, Q = markov_tables(1)
+    chains, x = [(2, 0), (2, 3), (1, 1)], 3
+    p = np.stack([np.stack([P[((x,) + c)[i]] for i in range(2)]) for c in chains])  # [N, K, V]
+    q = np.stack([np.stack([Q[((x,) + c)[i]] for i in range(3)]) for c in chains])  # [N, K+1, V]
+    run = jax.vmap(lambda k1, k2: RULES[rule](k1, k2, jnp.array(chains), jnp.float32(p), jnp.float32(q)))
+    j, a, extra = run(jax.random.split(jax.random.key(0), 20_000), jax.random.split(jax.random.key(1), 20_000))
+    expected = law(chains, x, P, Q)
+    cells = {block: i for i, block in enumerate(expected)}
+    index = np.array([cells[chains[int(c)][:int(n)] + (int(y),)] for c, n, y in zip(j, a, extra)])
+    assert chi_square_p(index, np.array(list(expected.values()))) > PASS
+
+
+@pytest.mark.parametrize("rule", ["token", pytest.param("match", marks=pytest.mark.slow)])
+def test_the_whole_loop_with_several_drafts_follows_the_target_joint_law(rule):
+    triples = speculative_triples(K=2, temperature=1.0, verify=rule, drafts=3)
+    assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
+    assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
+
+
+def test_greedy_is_the_targets_and_batch_rows_are_single_calls():
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    draft = early_exit(target, 1)
+    key = jax.random.key(1)
+    for rule in ("match", "token"):
+        spec, _ = picospec.speculative_sample(draft, target, [1, 5, 9], 30, key, K=3, temperature=0, verify=rule,
+                                              drafts=2)
+        np.testing.assert_array_equal(spec, picospec.autoregressive_sample(target, [1, 5, 9], 30, key, temperature=0))
+    prompts, keys = [[1, 4], [2, 0, 3]], jax.random.split(jax.random.key(5), 2)
+    out, _ = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 10, keys, K=2, drafts=2)
+    for b, prompt in enumerate(prompts):
+        single, _ = picospec.speculative_sample(DRAFT, TARGET, prompt, 10, keys[b], K=2, drafts=2)
+        np.testing.assert_array_equal(out[b], single)
+
+
+@pytest.mark.parametrize("kw", [dict(verify="block", drafts=2), dict(drafts=0), dict(drafts=2, draft="ngram")])
+def test_what_several_drafts_cannot_do_is_refused(kw):
+    draft = picospec.NGramDraft(2) if kw.pop("draft", None) else DRAFT
+    with pytest.raises(PicospecError, match="drafts"):
+        picospec.speculative_sample(draft, TARGET, [1, 4], 8, jax.random.key(0), K=2, **kw)
