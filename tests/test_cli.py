@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import DATA
 
@@ -46,6 +47,27 @@ def test_json_run_adds_up(capsys, mode):
             assert s["bonus"] == (s["accepted"] == 3)
     else:
         assert stats["n_steps"] == 12 and stats["acceptance_rate"] is None
+
+
+@pytest.mark.parametrize("flags", [["--K", "auto", "--confidence", "0.3"], ["--K", "3", "--drafts", "2"]])
+def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
+                           "--verify", "match", "--json", *flags)
+    assert code == 0
+    result = json.loads(out)
+    stats, steps = result["stats"], result["steps"]
+    assert stats["verify"] == "match" and stats["K"] == (3 if "3" in flags else "auto")
+    assert stats["drafts"] == (2 if "--drafts" in flags else 1)
+    assert stats["K_used"] == pytest.approx(np.mean([s["k"] for s in steps]))
+    assert stats["acceptance_rate"] == pytest.approx(sum(s["accepted"] for s in steps) / sum(s["k"] for s in steps))
+    for s in steps:  # the drafts each call proposed: k of them, accepted ones first
+        assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"] <= (3 if "3" in flags else 8)
+        assert s["bonus"] == (s["accepted"] == s["k"])
+    if "auto" in flags:
+        costs = json.loads((tmp_path / "costs.json").read_text())
+        (measured,) = costs.values()
+        assert len(measured["v"]) == 8 and measured["c"] > 0
 
 
 def test_compare_mode_greedy_is_identical_and_reports_speedup(capsys):
@@ -123,6 +145,7 @@ BAD = {
     "unknown dtype": ([*PAIR, "--dtype", "float8"], "unknown dtype 'float8'"),
     "not a number": ([*PAIR, "--K", "four"], "argument --K: give a whole number or auto, not 'four'"),
     "confidence of 1": ([*PAIR, "--confidence", "1"], "confidence must be in [0, 1), got 1.0"),
+    "block with drafts": ([*PAIR, "--verify", "block", "--drafts", "2"], "several drafts need a draft model"),
     "unknown mode": ([*PAIR, "--mode", "fast"], "argument --mode: invalid choice: 'fast'"),
 }
 

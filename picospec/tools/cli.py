@@ -40,6 +40,8 @@ def parse_args(argv):
                         f"chosen each call, up to {AUTO_K_MAX}, from this machine's costs and the acceptance so far")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting after a token the draft gives "
                         "less than this probability (default 0: never)")
+    parser.add_argument("--drafts", type=int, default=1, help="draft chains verified per target call "
+                        "(default 1; more need --verify match or token and a whole-number K)")
     parser.add_argument("--verify", choices=RULES, default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -124,7 +126,8 @@ def load(args):
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
     draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
-        check_pair(draft, target, K_max(args), args.verify)
+        adaptive_K = args.K == "auto" or args.confidence > 0
+        check_pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K or None)
     return tokenizer, draft, target
 
 
@@ -144,7 +147,7 @@ def make_policy(args, draft, target, prompts):
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
-    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": 1}  # what was asked
+    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts}  # what was asked
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
@@ -153,7 +156,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
                             K=K_max(args), sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos,
-                            timing=timing, verify=args.verify, policy=policy):
+                            timing=timing, verify=args.verify, policy=policy, drafts=args.drafts):
         for b, step in enumerate(iteration):
             if step is None:
                 continue

@@ -74,12 +74,13 @@ def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule, policy=None):
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule, drafts=1, policy=None):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
     active = unfinished(state, n_end)  # [B]
     state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule, in_batch(policy)), s, n_end),
+        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule, in_batch(policy), drafts), s,
+        n_end),
         state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
     return state, (active, unfinished(state, n_end), rows)
@@ -101,13 +102,14 @@ def skip_when_finished(active, step, state):
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
            eos_id: int = -1, timing: Timing | None = None, verify: str = "token",
-           policy=None) -> Iterator[list[Step | None]]:
+           policy=None, drafts: int = 1) -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
-    single-prompt call with keys[b] would). policy: an adaptive.Policy (K is then K_max)."""
+    single-prompt call with keys[b] would). policy: an adaptive.Policy (K is then K_max); drafts: N
+    chains a call (several.py)."""
     timing = timing or Timing()
     if draft is not None:
-        check_pair(draft, target, K, verify)
+        check_pair(draft, target, K, verify, drafts, policy)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = jnp.asarray(n_prompt + n_tokens)
@@ -115,7 +117,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
     else:
-        models, options = (as_draft(draft, target), target), dict(K=K, eos_id=eos_id, rule=verify)
+        models, options = (as_draft(draft, target), target), dict(K=K, eos_id=eos_id, rule=verify, drafts=drafts)
         iteration = partial(speculative_iteration, policy=policy)  # its few numbers compile in as constants
         batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
     init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
