@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 import picospec
+from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.sampling import buffers
 from picospec.tools.costs import auto_policy
@@ -27,9 +28,9 @@ K_MAX = 8
 def gpt2_shaped():
     """Random weights in GPT-2 124M's shape drafting for 355M's (its acceptance is that of two random
     models, not GPT-2's: this pair measures the costs, c and v(k), at GPT-2's sizes)."""
-    draft = Model(GPT2Config(), init_params(GPT2Config(), jax.random.key(0)))
+    draft = fast(Model(GPT2Config(), init_params(GPT2Config(), jax.random.key(0))))
     big = GPT2Config(n_layer=24, n_head=16, n_embd=1024)
-    return draft, Model(big, init_params(big, jax.random.key(1))), [[464, 2068, 7586], [818, 262, 3726]]
+    return draft, fast(Model(big, init_params(big, jax.random.key(1)))), [[464, 2068, 7586], [818, 262, 3726]]
 
 
 def main(argv=None):

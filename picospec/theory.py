@@ -88,3 +88,21 @@ def lenient_output_law(p, q, l: float) -> np.ndarray:
     residual = np.maximum(q - l * p, 0.0)
     residual = residual / residual.sum() if residual.sum() > 0 else q
     return accepted + (1 - accepted.sum()) * residual
+
+
+# ---- Several drafts (picospec/several.py) ----
+
+
+def alpha_several(p, q, N: int) -> float:
+    """The chance that one of N independent drafts from p is accepted at a position by recursive
+    rejection sampling: candidate m is accepted with probability sum_x min(p(x), r_m(x)), where
+    r_0 = q and r_{m+1} = norm(max(0, r_m - p)). p, q: [V] or [..., V]; averages over rows.
+    alpha_several(p, q, 1) is alpha_exact(p, q)."""
+    p, r = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    rejected = np.ones(r.shape[:-1])
+    for _ in range(N):
+        rejected = rejected * (1 - np.minimum(p, r).sum(-1))
+        residual = np.maximum(r - p, 0)
+        total = residual.sum(-1, keepdims=True)
+        r = np.where(total > 0, residual / np.where(total > 0, total, 1), r)
+    return float(np.mean(1 - rejected))

@@ -15,7 +15,8 @@ from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSON = ["paper", "gpt2", "sampling", "draft", "speculative", "verifiers", "state", "ngram", "theory", "batch", "errors"]
+LESSON = ["paper", "gpt2", "sampling", "draft", "speculative", "verifiers", "adaptive", "several", "state", "ngram", "theory",
+          "batch", "errors"]
 PLATFORM_CODE = re.compile(r"optimization_barrier|platform_dependent|/proc/|Mesh|jax\.devices|default_backend")
 
 

@@ -139,3 +139,13 @@ def test_what_several_drafts_cannot_do_is_refused(kw):
     draft = picospec.NGramDraft(2) if kw.pop("draft", None) else DRAFT
     with pytest.raises(PicospecError, match="drafts"):
         picospec.speculative_sample(draft, TARGET, [1, 4], 8, jax.random.key(0), K=2, **kw)
+
+
+def test_theorys_alpha_for_several_drafts_is_the_enumerated_acceptance():
+    from picospec import theory
+    P, Q = markov_tables(2)
+    for N in (1, 2, 3):
+        law = several_iteration(N)(rrs_law, 1, 1, P, Q)  # K = 1 after token 1: kept is 0 or 1
+        accepted = sum(prob for block, prob in law.items() if len(block) == 2)
+        assert abs(theory.alpha_several(P[1], Q[1], N) - accepted) < 1e-9
+    assert abs(theory.alpha_several(P[1], Q[1], 1) - theory.alpha_exact(P[1], Q[1])) < 1e-12
