@@ -1,0 +1,78 @@
+"""The CLI's choices made from its flags: the prompts, the device, and what K means (a number,
+or `auto` with the policy behind it)."""
+
+import argparse
+import sys
+
+import jax
+
+from picospec import adaptive
+from picospec.batch import batch_buffers
+from picospec.errors import PicospecError
+from picospec.tools.costs import auto_policy
+
+AUTO_K_MAX = 8  # --K auto compiles for this many drafts and stops earlier when that pays
+
+
+def k_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a whole number or auto, not {text!r}") from None
+
+
+def K_max(args) -> int:
+    return AUTO_K_MAX if args.K == "auto" else args.K
+
+
+def make_policy(args, draft, target, prompts):
+    """The adaptive.Policy the flags ask for: --K auto times this machine's costs (tools/costs.py);
+    --confidence alone cuts a fixed K short; neither: None, always K drafts."""
+    if args.K == "auto":
+        capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
+        return auto_policy(draft, target, AUTO_K_MAX, capacity, args.confidence)
+    return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
+
+
+def k_used(steps) -> dict:
+    """The drafts the target checked per call, on average (K itself unless a policy stopped early)."""
+    proposed = [s.k for s in steps if s.proposed]
+    return {"K_used": sum(proposed) / len(proposed) if proposed else 0.0}
+
+
+def read_prompts(args) -> list[str]:
+    """The --prompt flags, then the --prompt-file's lines (`-` reads stdin); blank lines are skipped."""
+    texts = list(args.prompt or [])
+    if args.prompt_file:
+        name = "standard input" if args.prompt_file == "-" else args.prompt_file
+        try:
+            raw = sys.stdin.read() if args.prompt_file == "-" else open(args.prompt_file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise PicospecError(f"cannot read the prompt file {name}: {getattr(e, 'strerror', None) or e}; "
+                                f"give a UTF-8 text file with one prompt a line") from None
+        lines = [line for line in raw.splitlines() if line.strip()]
+        if not lines:
+            raise PicospecError(f"the prompt file {name} has no prompts: write one prompt a line")
+        texts += lines
+    return texts or [""]
+
+
+def use_platform(name: str | None):
+    """The device to run on: the first of `name`'s, made JAX's default, or JAX's own choice."""
+    if name is None:
+        return jax.devices()[0]
+    try:
+        device = jax.devices(name)[0]
+    except RuntimeError as e:
+        extra = {"gpu": "cuda", "tpu": "tpu"}.get(name)
+        install = f"install JAX for it (pip install -e \".[{extra}]\") or " if extra else ""
+        raise PicospecError(f"no {name} here ({str(e).splitlines()[0]}); {install}leave --platform out") from None
+    jax.config.update("jax_default_device", device)
+    return device
+
+
+def describe(device) -> dict:
+    """The device in the summary and the JSON: its platform and kind (a GPU's model name)."""
+    return {"platform": device.platform, "kind": device.device_kind, "name": str(device)}
