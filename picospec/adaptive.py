@@ -63,7 +63,7 @@ def rows_max(x, policy: Policy):
     return jax.lax.pmax(x, policy.rows) if policy.rows else x
 
 
-def propose(draft, tokens, n, cache, key, K: int, sampling: Sampling, policy: Policy, trace: Trace) -> Proposal:
+def propose_up_to(draft, tokens, n, cache, key, K: int, sampling: Sampling, policy: Policy, trace: Trace) -> Proposal:
     """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
     k = choose_k(policy, alpha_estimate(trace)) if policy.auto else jnp.int32(K)
     if hasattr(draft, "propose_until"):  # a model: stop drafting, and save its calls

@@ -35,7 +35,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from picospec import adaptive
+from picospec.adaptive import propose_up_to, rows_max
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
@@ -108,7 +108,7 @@ def verify(target: Model, state: SpecState, drafted, p, key_accept, key_extra, s
     if policy is None:  # Step 2
         q, target_cache = score(target, state.tokens, n, drafted, state.target_cache, sampling)
     else:
-        q, target_cache = score_first(target, state.tokens, n, drafted, adaptive.rows_max(k, policy),
+        q, target_cache = score_first(target, state.tokens, n, drafted, rows_max(k, policy),
                                       state.target_cache, sampling)
 
     # Steps 3 and 4: accept a leading run of drafts, then add one token.
@@ -146,7 +146,7 @@ def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: S
     if policy is None:
         proposal = draft.propose(state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
     else:
-        proposal = adaptive.propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling, policy,
+        proposal = propose_up_to(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling, policy,
                                     state.trace)
     state = state._replace(key=key, draft_cache=proposal.cache)
     checked = lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra,  # noqa: E731

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import DATA
 
-from picospec.tools import cli
+from picospec.tools import cli, options
 from picospec.tools.show import show
 from picospec.tools.stream import Step
 
@@ -49,9 +49,11 @@ def test_json_run_adds_up(capsys, mode):
         assert stats["n_steps"] == 12 and stats["acceptance_rate"] is None
 
 
-@pytest.mark.parametrize("flags", [["--K", "auto", "--confidence", "0.3"], ["--K", "3", "--drafts", "2"]])
+@pytest.mark.parametrize("flags", [["--K", "auto", "--confidence", "0.3"],
+                                   pytest.param(["--K", "3", "--drafts", "2"], marks=pytest.mark.slow)])
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
+    monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (8 in use): fewer branches to compile here
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -62,12 +64,12 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     assert stats["K_used"] == pytest.approx(np.mean([s["k"] for s in steps]))
     assert stats["acceptance_rate"] == pytest.approx(sum(s["accepted"] for s in steps) / sum(s["k"] for s in steps))
     for s in steps:  # the drafts each call proposed: k of them, accepted ones first
-        assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"] <= (3 if "3" in flags else 8)
+        assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"] <= 3
         assert s["bonus"] == (s["accepted"] == s["k"])
     if "auto" in flags:
         costs = json.loads((tmp_path / "costs.json").read_text())
         (measured,) = costs.values()
-        assert len(measured["v"]) == 8 and measured["c"] > 0
+        assert len(measured["v"]) == 3 and measured["c"] > 0
 
 
 def test_compare_mode_greedy_is_identical_and_reports_speedup(capsys):
