@@ -112,7 +112,8 @@ def test_each_rule_as_coded_draws_its_exact_law(rule, law):
     assert chi_square_p(index, np.array(list(expected.values()))) > PASS
 
 
-@pytest.mark.parametrize("rule", ["token", pytest.param("match", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["token", "match"])
 def test_the_whole_loop_with_several_drafts_follows_the_target_joint_law(rule):
     triples = speculative_triples(K=2, temperature=1.0, verify=rule, drafts=2)
     assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
