@@ -149,11 +149,11 @@ def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: S
         proposal = propose_up_to(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling, policy,
                                     state.trace)
     state = state._replace(key=key, draft_cache=proposal.cache)
-    checked = lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra,  # noqa: E731
-                             sampling, eos_id, rule, policy)
-    if proposal.found is True:  # a model always proposes
-        return checked()
-    return jax.lax.cond(proposal.found, checked, lambda: target_step(target, state, key_extra, sampling, eos_id))
+    return jax.lax.cond(
+        proposal.found,
+        lambda: verify(target, state, proposal.drafted, proposal.p, key_accept, key_extra, sampling, eos_id, rule,
+                       policy),
+        lambda: target_step(target, state, key_extra, sampling, eos_id))
 
 
 def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int) -> SpecState:
