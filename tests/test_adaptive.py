@@ -103,7 +103,7 @@ def test_the_adaptive_loop_follows_the_target_joint_law(rule):
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
 
 
-GREEDY_CASES = [(0, "token"), pytest.param(1, "match", marks=pytest.mark.slow), (2, "block"),
+GREEDY_CASES = [(0, "block"), pytest.param(1, "match", marks=pytest.mark.slow),
                 pytest.param(2, "token", marks=pytest.mark.slow)]
 
 
