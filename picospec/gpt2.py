@@ -13,6 +13,7 @@ with `lax.dynamic_update_slice` and returns length + T. Rolling back is setting 
 slots at or beyond the length are stale, and the causal mask never lets a query see them.
 """
 
+import itertools
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, NamedTuple
@@ -81,52 +82,65 @@ def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
     return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype) * weight + bias
 
 
-def attention(q, k, v, q_pos):  # [T, H, D], [H, S, D], [H, S, D], [T] -> [T, H, D]
-    S, D = k.shape[1], k.shape[2]
+def attention(q, parts):  # [T, H, D], [(k [H, S_i, D], v [H, S_i, D], visible [T, S_i]), ...] -> [T, H, D]
+    """Each of T queries attends to the keys it may see (visible), wherever they are kept: the
+    cache's buffers, or (gpt2.peek) this call's own keys held apart from them."""
+    D = q.shape[-1]
     # Scores and softmax in float32 whatever the dtype: a float16 q.k can pass float16's 65504.
-    scores = jnp.einsum("thd,hsd->hts", q, k, precision=precision(q.dtype),
-                        preferred_element_type=jnp.float32) / jnp.sqrt(D)  # [H, T, S]
-    # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
-    # and it also hides every stale slot, since those all lie beyond the newest position.
-    visible = jnp.arange(S)[None, :] <= q_pos[:, None]  # [T, S]
-    scores = jnp.where(visible, scores, -jnp.inf)  # [H, T, S]
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # [H, T, S]
-    y = jnp.einsum("hts,hsd->htd", weights, v, precision=precision(v.dtype), preferred_element_type=jnp.float32)
-    return y.astype(v.dtype).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
+    scores = [jnp.where(visible[None], jnp.einsum("thd,hsd->hts", q, k, precision=precision(q.dtype),
+                                                  preferred_element_type=jnp.float32) / jnp.sqrt(D), -jnp.inf)
+              for k, _, visible in parts]  # [H, T, S_i] each
+    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(q.dtype)  # [H, T, sum S_i]
+    ends = list(itertools.accumulate(k.shape[1] for k, _, _ in parts))[:-1]
+    y = [jnp.einsum("hts,hsd->htd", w, v, precision=precision(v.dtype), preferred_element_type=jnp.float32)
+         for w, (_, v, _) in zip(jnp.split(weights, ends, axis=-1), parts)]  # [H, T, D] each
+    return sum(y[1:], y[0]).astype(q.dtype).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
 
 
-def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul):
+def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul, write=True):
     """One transformer block: x [T, C] at positions q_pos [T], with this layer's cache buffers
-    k_cache, v_cache [H, S, D]. Returns x [T, C] and the buffers with this call's keys/values written."""
+    k_cache, v_cache [H, S, D]. Returns x [T, C] and the buffers with this call's keys/values
+    written; with write=False (peek), the buffers untouched and this call's keys/values [H, T, D]."""
     T, C = x.shape
+    S = k_cache.shape[1]
     linear = lambda x, weight, bias: matmul(x, weight) + bias  # noqa: E731  [T, in] -> [T, out]
     h = layer_norm(x, ln_1["weight"], ln_1["bias"], eps)  # [T, C]
     qkv = linear(h, **attn["c_attn"]).reshape(T, 3, n_head, C // n_head)  # [T, 3C] -> [T, 3, H, D]
-    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [T, H, D] each
-    # The cache is kept head-major, [H, S, D], so attention reads it in place.
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(1, 0, 2), (0, q_pos[0], 0))  # [H, S, D]
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(1, 0, 2), (0, q_pos[0], 0))  # [H, S, D]
-    y = attention(q, k_cache, v_cache, q_pos).reshape(T, C)  # [T, H, D] -> [T, C]
+    q = qkv[:, 0]  # [T, H, D]
+    k, v = qkv[:, 1].transpose(1, 0, 2), qkv[:, 2].transpose(1, 0, 2)  # [H, T, D]: head-major, like the cache
+    if write:  # the cache is kept head-major, [H, S, D], so attention reads it in place
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, q_pos[0], 0))  # [H, S, D]
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, q_pos[0], 0))  # [H, S, D]
+        # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
+        # and it also hides every stale slot, since those all lie beyond the newest position.
+        parts = [(k_cache, v_cache, jnp.arange(S)[None, :] <= q_pos[:, None])]  # [T, S]
+    else:  # the cache's slots before q_pos[0], then this call's own keys, causally
+        parts = [(k_cache, v_cache, jnp.broadcast_to(jnp.arange(S) < q_pos[0], (T, S))),
+                 (k, v, jnp.tri(T, dtype=bool))]
+        k_cache, v_cache = k, v
+    y = attention(q, parts).reshape(T, C)  # [T, H, D] -> [T, C]
     x = x + linear(y, **attn["c_proj"])  # [T, C]
     h = layer_norm(x, ln_2["weight"], ln_2["bias"], eps)  # [T, C]
     x = x + linear(gelu(linear(h, **mlp["c_fc"])), **mlp["c_proj"])  # [T, C] -> [T, 4C] -> [T, C]
     return x, k_cache, v_cache
 
 
-def transformer(model: Model, tokens, cache: KVCache):
-    """The trunk: tokens [T] at positions [cache.length, cache.length + T) -> hidden [T, C], cache."""
+def transformer(model: Model, tokens, cache: KVCache, write: bool = True):
+    """The trunk: tokens [T] at positions [cache.length, cache.length + T) -> hidden [T, C], and each
+    layer's cache buffer with these keys (n_layer x [H, S, D]) and values; write=False: each layer's
+    keys and values of this call alone (n_layer x [H, T, D]), the cache untouched."""
     params, config = model.params, model.config
     q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
     # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
     x = params["wte"]["weight"][tokens] + params["wpe"]["weight"][q_pos]  # [T, C]
     k_all, v_all = [], []
     for layer, k_cache, v_cache in zip(params["h"], cache.k, cache.v):
-        x, k_cache, v_cache = block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
-                                   eps=config.layer_norm_epsilon, matmul=model.matmul)
-        k_all.append(k_cache)
-        v_all.append(v_cache)
+        x, k, v = block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
+                        eps=config.layer_norm_epsilon, matmul=model.matmul, write=write)
+        k_all.append(k)
+        v_all.append(v)
     x = layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon)  # [T, C]
-    return x, KVCache(k_all, v_all, cache.length + tokens.shape[0])
+    return x, k_all, v_all
 
 
 @partial(jax.jit, donate_argnames=("cache",))
@@ -142,9 +156,24 @@ def forward(model: Model, tokens, cache: KVCache):
       cache: the KVCache with these T positions written and length + T.
     The caller keeps cache.length + T <= S.
     """
-    x, cache = transformer(model, tokens, cache)
+    x, k_all, v_all = transformer(model, tokens, cache)
     # The LM head is tied to the token embedding: [T, C] -> [T, V], in float32.
-    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), cache
+    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), KVCache(k_all, v_all, cache.length + tokens.shape[0])
+
+
+def peek(model: Model, tokens, cache: KVCache):
+    """`forward` that leaves the cache as it is: the logits [T, V], and this call's keys and values
+    (n_layer x [H, T, D] each) for `append` to write later. A `lax.switch` whose branches only
+    read the cache leaves XLA no buffer to copy (speculative.score_first)."""
+    x, keys, values = transformer(model, tokens, cache, write=False)
+    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), keys, values
+
+
+def append(cache: KVCache, keys, values) -> KVCache:
+    """The cache with T keys and values (n_layer x [H, T, D] each, from peek) written at [length, length + T)."""
+    write = lambda buffer, new: jax.lax.dynamic_update_slice(buffer, new, (0, cache.length, 0))  # noqa: E731
+    return KVCache([write(b, k) for b, k in zip(cache.k, keys)], [write(b, v) for b, v in zip(cache.v, values)],
+                   cache.length + keys[0].shape[1])
 
 
 def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp.float32) -> dict:

@@ -140,13 +140,34 @@ def test_choose_k_is_the_theorys_optimal_K_and_alpha_comes_from_the_trace():
     for c in (0.01, 0.1, 0.4):
         v = np.array([1.0, 1.05, 1.2, 1.4, 1.7, 2.0, 2.4, 2.9])
         policy = adaptive.Policy(jnp.float32(c), jnp.float32(v), 0.0)
-        for alpha in (0.05, 0.3, 0.6, 0.8, 0.95):
-            assert int(adaptive.choose_k(policy, jnp.float32(alpha))) == theory.optimal_K(alpha, c, lambda K: v[K - 1], 8)
+        for alpha in (0.05, 0.3, 0.6, 0.8, 0.95):  # much evidence: the posterior is alpha itself
+            s, f = jnp.int32(round(alpha * 10**6)), jnp.int32(round((1 - alpha) * 10**6))
+            assert int(adaptive.choose_k(policy, s, f)) == theory.optimal_K(alpha, c, lambda K: v[K - 1], 8)
     _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4))
     n = int(trace.n_steps)
     s, f = np.asarray(trace.n_accepted[:n]).sum(), np.sum(np.asarray(trace.n_accepted[:n]) < 4)
+    assert tuple(int(x) for x in adaptive.evidence(trace)) == (s, f)
     assert np.isclose(float(adaptive.alpha_estimate(trace)), (s + 1) / (s + f + 2))
     assert abs(theory.alpha_from_trace(trace.n_accepted[:n], 4) - s / (s + f)) < 1e-9
+
+
+def test_choose_k_takes_the_expectation_over_alpha_posterior():
+    # Expected tokens per call, E[1 + alpha + ... + alpha^k] under Beta(s + 1, f + 1), integrated
+    # numerically; with little evidence it differs from plugging in the posterior mean (the control).
+    alpha = np.linspace(0, 1, 200001)
+    v = np.array([1.0, 1.1, 1.1, 1.45, 1.45, 1.45, 1.45])
+    policy = adaptive.Policy(jnp.float32(0.15), jnp.float32(v), 0.0)
+    plug_in_differs = False
+    for s, f in [(0, 0), (1, 0), (2, 1), (5, 1), (9, 2), (30, 4)]:
+        density = alpha**s * (1 - alpha) ** f
+        density /= np.trapezoid(density, alpha)
+        k = np.arange(1, 8)
+        tokens = np.array([np.trapezoid(density * (1 - alpha ** (j + 1)) / np.maximum(1 - alpha, 1e-12), alpha)
+                           for j in k])
+        assert int(adaptive.choose_k(policy, jnp.int32(s), jnp.int32(f))) == k[np.argmax(tokens / (k * 0.15 + v))]
+        mean = (s + 1) / (s + f + 2)
+        plug_in_differs |= theory.optimal_K(mean, 0.15, lambda K: v[K - 1], 7) != k[np.argmax(tokens / (k * 0.15 + v))]
+    assert plug_in_differs
 
 
 @pytest.mark.slow

@@ -1,21 +1,33 @@
-"""The costs `--K auto` weighs (picospec/adaptive.py): c, one draft call over one target call, and
-v(k), the target scoring k + 1 tokens over scoring one, for k = 1..K_max.
+"""The costs `--K auto` weighs (picospec/adaptive.py): the time of one speculative iteration that
+drafts k tokens, for k = 1..K_max.
 
-They depend on the machine and the pair, not on the prompt, so they are timed once, at start-up (a
-few compiled loops of forward calls, raced in turn: tools/timing.forward_times), and kept in
-costs.json beside the compile cache (tools/jit_cache.py), keyed by the device, both models' shapes
-and dtypes, K_max and the cache capacity. Deleting the file only costs the timing again.
+They depend on the machine, the pair and how tokens are sampled, not on the prompt, so they are
+timed once, at start-up, and kept in costs.json beside the compile cache (tools/jit_cache.py),
+keyed by the device, both models' shapes and dtypes, K_max, the cache capacity and the sampling
+mode. Deleting the file only costs the timing again.
+
+They are timed in place: auto's own compiled iteration (speculative_step with the policy), with k
+forced, run over and over from one state. The theory's k c + v(k) counts forward calls only; in
+place, the sampling, the verifier and the bookkeeping count too (on the bundled pair a draft step
+costs ~0.3 of a target call in place, against ~0.22 for its forward call alone), and so does every
+block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's time.
 """
 
 import json
+import statistics
+from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from picospec import adaptive
+from picospec.draft import as_draft
 from picospec.gpt2 import Model
+from picospec.sampling import Sampling
+from picospec.speculative import speculative_step, start
 from picospec.tools.jit_cache import cache_folder
-from picospec.tools.timing import forward_times
+from picospec.tools.timing import race_laps
 
 
 def describe(model) -> str:
@@ -26,22 +38,56 @@ def describe(model) -> str:
             f"-{model.params['wte']['weight'].dtype}")
 
 
-def measure(draft, target: Model, K_max: int, capacity: int) -> dict:
-    """{"c": float, "v": [v(1), ..., v(K_max)]} timed now. A draft that is not a model (the n-gram
-    lookup) costs nothing beside a forward call: c = 0."""
-    calls = {f"target {k + 1}": (target, k + 1) for k in range(K_max + 1)}
-    if isinstance(draft, Model):
-        calls["draft 1"] = (draft, 1)
-    t = forward_times(calls, capacity=min(capacity, target.config.n_positions), min_seconds=0.02, rounds=3)
-    one = t["target 1"]
-    return {"c": t["draft 1"] / one if "draft 1" in t else 0.0,
-            "v": [t[f"target {k + 1}"] / one for k in range(1, K_max + 1)]}
+@partial(jax.jit, static_argnames=("K",))
+def _iterations(draft, target, state, K: int, sampling: Sampling, policy: adaptive.Policy, calls):
+    """`calls` iterations of speculative_step, each from `state`'s sequence again (the key, the
+    buffers and the trace carry over, so nothing is computed for nothing)."""
+    def one(_, s):
+        after = speculative_step(draft, target, s, K, sampling, -1, "token", policy)
+        return after._replace(n=state.n, done=state.done,
+                              draft_cache=None if state.draft_cache is None else
+                              after.draft_cache._replace(length=state.draft_cache.length),
+                              target_cache=after.target_cache._replace(length=state.target_cache.length))
+    return jax.lax.fori_loop(0, calls, one, state)
 
 
-def costs(draft, target: Model, K_max: int, capacity: int) -> dict:
+LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
+
+
+def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, rounds: int = 5) -> list:
+    """[seconds per iteration that drafts k, for k = 1..K_max], timed now: each k runs n iterations
+    a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
+    bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
+    rounds of each k's time over k = 1's in the same round, times k = 1's median."""
+    P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
+    wrapped = as_draft(draft, target)
+    state = start(wrapped, target, jnp.ones(capacity, jnp.int32), P, jax.random.key(0), K_max, P, capacity)
+
+    def forced(k):  # the Policy whose choice is k whatever alpha is
+        v = jnp.where(jnp.arange(1, K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
+        return adaptive.Policy(jnp.float32(0), v, jnp.float32(0))
+
+    def run(k, n):
+        return lambda: jax.block_until_ready(_iterations(wrapped, target, state, K_max, sampling, forced(k), n))
+
+    runs, calls = {}, {}
+    for k in range(1, K_max + 1):
+        n = 1
+        while race_laps(1, once=run(k, n))[0][0]["once"] < LAP_SECONDS:
+            n *= 2
+        runs[str(k)], calls[str(k)] = run(k, n), n
+    laps, _ = race_laps(rounds, **runs)
+    per_call = [{k: lap[k] / calls[k] for k in runs} for lap in laps]
+    one = statistics.median(t["1"] for t in per_call)
+    return [one * statistics.median(t[str(k)] / t["1"] for t in per_call) for k in range(1, K_max + 1)]
+
+
+def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling) -> list:
     """measure(...), or what an earlier run on this machine measured for the same pair and sizes."""
     device = jax.devices()[0]
-    key = f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
+    mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
+    key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
+           f":{mode}:iterations")
     folder = cache_folder()
     path = folder.parent / "costs.json" if folder else None
     try:
@@ -49,7 +95,7 @@ def costs(draft, target: Model, K_max: int, capacity: int) -> dict:
     except (OSError, ValueError):
         known = {}  # unreadable: time it again and write it afresh
     if key not in known:
-        known[key] = measure(draft, target, K_max, capacity)
+        known[key] = measure(draft, target, K_max, capacity, sampling)
         if path:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +105,9 @@ def costs(draft, target: Model, K_max: int, capacity: int) -> dict:
     return known[key]
 
 
-def auto_policy(draft, target: Model, K_max: int, capacity: int, threshold: float = 0.0) -> adaptive.Policy:
-    """The Policy for `--K auto`: this machine's c and v(k), and the confidence threshold."""
-    measured = costs(draft, target, K_max, capacity)
-    return adaptive.Policy(jnp.float32(measured["c"]), jnp.float32(measured["v"]), jnp.float32(threshold))
+def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
+                threshold: float = 0.0) -> adaptive.Policy:
+    """The Policy for `--K auto`: this machine's iteration times (c = 0, v(k) = an iteration drafting
+    k, in milliseconds), and the confidence threshold."""
+    seconds = costs(draft, target, K_max, capacity, sampling)
+    return adaptive.Policy(jnp.float32(0), jnp.float32(np.asarray(seconds) * 1e3), jnp.float32(threshold))

@@ -5,6 +5,7 @@ of the ratio alike; each contender keeps its fastest call. Start-up is timed apa
 """
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,13 +23,18 @@ def race(rounds=3, **contenders) -> tuple[dict, dict]:
     """({name: fastest of `rounds` timed calls}, {name: its first call}), the contenders called in
     turn, round after round, so that a slow spell on a shared machine slows them alike. The first
     call warms up and compiles: its excess over the fastest call is the compile time."""
+    laps, warmup = race_laps(rounds, **contenders)
+    return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
+
+
+def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
+    """race's timings lap by lap: ([{name: seconds} for each round], {name: first call})."""
     def seconds(fn):
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
     warmup = {name: seconds(fn) for name, fn in contenders.items()}
-    laps = [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)]
-    return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
+    return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
 
 
 def best(fn, rounds=3) -> float:
@@ -77,7 +83,7 @@ def iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KVC
     return jax.lax.fori_loop(0, calls, iteration, (jnp.zeros(1, jnp.int32), draft_cache, target_cache))[0]
 
 
-def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5) -> dict:
+def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5, per=None) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
     cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
     (see iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
@@ -107,8 +113,12 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
             n *= 2
         runs[name], n_calls[name] = run(n), n
     others = others or {}
-    t, _ = race(rounds, **runs, **others)
-    return {name: t[name] / n_calls[name] for name in calls} | {name: t[name] for name in others}
+    laps, _ = race_laps(rounds, **runs, **others)
+    n_calls |= {name: 1 for name in others}
+    if per is not None:
+        return {name: statistics.median(lap[name] / n_calls[name] / (lap[per] / n_calls[per]) for lap in laps)
+                for name in runs | others}
+    return {name: min(lap[name] for lap in laps) / n_calls[name] for name in runs | others}
 
 
 FIRST_TOKEN = """
