@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from conftest import DATA
 
+import picospec
+from picospec.sampling import Sampling
 from picospec.tools import cli, costs, options
 from picospec.tools.show import show
 from picospec.tools.stream import Step
@@ -53,8 +55,8 @@ def test_json_run_adds_up(capsys, mode):
                                    pytest.param(["--K", "3", "--drafts", "2"], marks=pytest.mark.slow)])
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
-    monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile and time here
-    monkeypatch.setattr(costs, "LAP_SECONDS", 0.01)
+    monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
+    monkeypatch.setattr(costs, "measure", lambda *args: [1.0, 1.2, 1.4])  # timing it: test_costs_are_timed_once
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -69,7 +71,19 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
         assert s["bonus"] == (s["accepted"] == s["k"])
     if "auto" in flags:
         (measured,) = json.loads((tmp_path / "costs.json").read_text()).values()
-        assert len(measured) == 3 and all(t > 0 for t in measured)  # seconds per iteration drafting k = 1, 2, 3
+        assert measured == [1.0, 1.2, 1.4]  # kept beside the compile cache
+
+
+@pytest.mark.slow
+def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
+    monkeypatch.setattr(costs, "LAP_SECONDS", 0.01)
+    draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
+    seconds = costs.costs(draft, target, 3, 64, Sampling(0.8))
+    assert len(seconds) == 3 and all(t > 0 for t in seconds)  # seconds per iteration drafting k = 1, 2, 3
+    monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
+    assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
+    assert json.loads((tmp_path / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
 
 
 def test_compare_mode_greedy_is_identical_and_reports_speedup(capsys):
