@@ -5,7 +5,7 @@
 
 Each contender generates n tokens after each prompt with a few keys (speculative_sample's compiled
 loop); each run keeps its fastest of `rounds` rounds, and in every round each run is taken by all
-the contenders in turn, so a slow spell of the shared machine hits them alike. auto compiles for
+the contenders in turn, in a shuffled order, so a slow spell of the shared machine hits them alike. auto compiles for
 K_max = 7 (the CLI's) and reads its iteration times from tools/costs.py.
 """
 
@@ -41,7 +41,7 @@ def main(argv=None):
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--n-tokens", type=int, default=96)
     parser.add_argument("--keys", type=int, default=4, help="runs per prompt (default 4)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     if args.pair == "bundled":
         draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
@@ -73,10 +73,11 @@ def main(argv=None):
             run(kw, *runs[0])  # compile
         best = {name: np.full(len(runs), np.inf) for name in contenders}
         counts = {name: np.zeros((len(runs), 2)) for name in contenders}  # (target calls, drafts proposed)
+        order = np.random.default_rng(0)
         for _ in range(args.rounds):
             for i, (prompt, key) in enumerate(runs):
-                for name, kw in contenders.items():
-                    seconds, calls, drafted = run(kw, prompt, key)
+                for name in order.permutation(list(contenders)):  # a fresh order each time: none always follows another
+                    seconds, calls, drafted = run(contenders[name], prompt, key)
                     best[name][i] = min(best[name][i], seconds)
                     counts[name][i] = calls, drafted
         tokens = len(runs) * args.n_tokens

@@ -170,10 +170,11 @@ for n, b in zip(NS, bound):
 # ## Adaptive K
 #
 # `--K auto` (`picospec/adaptive.py`) picks, before each call, the k that maximizes expected tokens per
-# unit of time, (1 − α^(k+1)) / ((1 − α)(k c + v(k))), with c and v(k) timed on this machine and α
-# estimated from the calls so far. Here the costs are fixed by hand (c = 0.25, v(k) = 1 + 0.1 k) so the
-# run is the same everywhere: the k chosen at each call follows α's estimate, and the output is still
-# exactly the target's (stopping early is the draft proposing a token q never accepts).
+# unit of time, E[1 + α + … + α^k] / (k c + v(k)), with the costs timed on this machine and the
+# expectation taken over α's posterior given the calls so far (accepted and rejected drafts). Here the
+# costs are fixed by hand (c = 0.25, v(k) = 1 + 0.1 k) so the run is the same everywhere: the k chosen
+# at each call follows the evidence, and the output is still exactly the target's (stopping early is
+# the draft proposing a token q never accepts).
 
 # %%
 from picospec import adaptive  # noqa: E402
@@ -188,7 +189,7 @@ fig, ax = plt.subplots(figsize=(6.5, 2.6))
 ax.step(range(steps), k_chosen, where="mid", label="k drafted")
 ax.plot(range(steps), kept, "k.", label="kept")
 ax2 = ax.twinx()
-ax2.plot(range(steps), alpha_seen, "C1-", label="α estimated before the call")
+ax2.plot(range(steps), alpha_seen, "C1-", label="α's posterior mean before the call")
 ax2.set_ylim(0, 1)
 ax.set_xlabel("target call")
 ax.set_ylabel("drafts")
