@@ -29,7 +29,7 @@ FIXED = range(1, 9)  # the fixed K raced against auto
 
 def gpt2_shaped():
     """Random weights in GPT-2 124M's shape drafting for 355M's (its acceptance is that of two random
-    models, not GPT-2's: this pair measures the costs, c and v(k), at GPT-2's sizes)."""
+    models, not GPT-2's: this pair measures the costs at GPT-2's sizes)."""
     draft = fast(Model(GPT2Config(), init_params(GPT2Config(), jax.random.key(0))))
     big = GPT2Config(n_layer=24, n_head=16, n_embd=1024)
     return draft, fast(Model(big, init_params(big, jax.random.key(1)))), [[464, 2068, 7586], [818, 262, 3726]]

@@ -159,7 +159,8 @@ def forward(model: Model, tokens, cache: KVCache):
     """
     x, k_all, v_all = transformer(model, tokens, cache)
     # The LM head is tied to the token embedding: [T, C] -> [T, V], in float32.
-    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), KVCache(k_all, v_all, cache.length + tokens.shape[0])
+    logits = model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"])
+    return logits, KVCache(k_all, v_all, cache.length + tokens.shape[0])
 
 
 def peek(model: Model, tokens, cache: KVCache):

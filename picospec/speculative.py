@@ -70,8 +70,9 @@ def score_first(target: Model, tokens, n, drafted, k, cache: KVCache, sampling: 
         def run(cache):
             block = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), drafted[:rows - 1]])  # [rows]
             logits, keys, values = peek(target, block, cache)  # [rows, V], n_layer x [H, rows, D]
-            pad = lambda x, axis: jnp.pad(x, [(0, K + 1 - rows) if i == axis else (0, 0) for i in range(x.ndim)])  # noqa: E731
-            return pad(logits_to_probs(logits, sampling), 0), [pad(x, 1) for x in keys], [pad(x, 1) for x in values]
+            q = jnp.pad(logits_to_probs(logits, sampling), ((0, K + 1 - rows), (0, 0)))  # [K+1, V]
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - rows), (0, 0)))  # noqa: E731  [H, K+1, D]
+            return q, [pad(x) for x in keys], [pad(x) for x in values]
         return run
 
     branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 rows

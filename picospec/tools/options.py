@@ -12,7 +12,7 @@ from picospec.errors import PicospecError
 from picospec.sampling import Sampling
 from picospec.tools.costs import auto_policy
 
-AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores at most 8 positions) and stops earlier when that pays
+AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
 
 
 def k_value(text: str):
