@@ -9,7 +9,7 @@ Two rules decide when the draft stops, both inside the compiled loop (shapes sta
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
-The target then scores only the k + 1 positions it needs (speculative.score_first).
+The target then scores only the k + 1 positions it needs (score_first, below).
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification
 coin. Stopping after k drafts is the draft proposing, at position k, a "stop" token the target gives
@@ -23,7 +23,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from picospec.sampling import Sampling
+from picospec.gpt2 import KVCache, Model, append, peek
+from picospec.sampling import Sampling, logits_to_probs
 from picospec.state import Proposal, Trace
 
 
@@ -82,3 +83,31 @@ def propose_up_to(draft, tokens, n, cache, key, K: int, sampling: Sampling, poli
                                    lambda x: rows_max(x, policy))
     proposal = draft.propose(tokens, n, cache, key, K, sampling)  # a lookup costs nothing: just cut it
     return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0))
+
+
+def block_sizes(K: int) -> list[int]:
+    """The blocks score_first compiles for up to K drafts: 2, 4, 8, ... rows, and K + 1 at the top."""
+    return [rows for rows in (2 ** i for i in range(1, K.bit_length() + 1)) if rows < K + 1] + [K + 1]
+
+
+def score_first(target: Model, tokens, n, drafted, k, cache: KVCache, sampling: Sampling):
+    """Step 2 when only d_0..d_{k-1} were proposed (adaptive.py): score the smallest block of
+    block_sizes(K) that holds those k + 1 positions (lax.switch runs one compiled branch per size;
+    a few sizes, since every branch costs a little even when it does not run). Returns q [K+1, V]
+    with zero rows past k. The branches only read the cache (gpt2.peek) and it is written once
+    after them: a branch that wrote it would make XLA copy every cache buffer on each call."""
+    K, sizes = drafted.shape[0], block_sizes(drafted.shape[0])
+
+    def first(rows):  # x[n-1], d_0..d_{rows-2}: the drafts past k are padding, after every real one
+        def run(cache):
+            block = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), drafted[:rows - 1]])  # [rows]
+            logits, keys, values = peek(target, block, cache)  # [rows, V], n_layer x [H, rows, D]
+            q = jnp.pad(logits_to_probs(logits, sampling), ((0, K + 1 - rows), (0, 0)))  # [K+1, V]
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - rows), (0, 0)))  # noqa: E731  [H, K+1, D]
+            return q, [pad(x) for x in keys], [pad(x) for x in values]
+        return run
+
+    branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 rows
+    q, keys, values = jax.lax.switch(branch, [first(rows) for rows in sizes], cache)  # [K+1, V], ...
+    q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
+    return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps

@@ -166,7 +166,7 @@ def forward(model: Model, tokens, cache: KVCache):
 def peek(model: Model, tokens, cache: KVCache):
     """`forward` that leaves the cache as it is: the logits [T, V], and this call's keys and values
     (n_layer x [H, T, D] each) for `append` to write later. A `lax.switch` whose branches only
-    read the cache leaves XLA no buffer to copy (speculative.score_first)."""
+    read the cache leaves XLA no buffer to copy (adaptive.score_first)."""
     x, keys, values = transformer(model, tokens, cache, write=False)
     return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), keys, values
 
