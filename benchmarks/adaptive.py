@@ -2,6 +2,7 @@
 
     python benchmarks/adaptive.py                        # the bundled pair, T = 0 and 0.8
     python benchmarks/adaptive.py --pair gpt2-shaped     # random weights in GPT-2 124M / 355M shapes
+    python benchmarks/adaptive.py --positions            # no race: alpha by draft position, K = 7
 
 Each contender generates n tokens after each prompt with a few keys (speculative_sample's compiled
 loop); each run keeps its fastest of `rounds` rounds, and in every round each run is taken by all
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 
 import picospec
+from picospec import theory
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.sampling import Sampling, buffers
@@ -35,6 +37,20 @@ def gpt2_shaped():
     return draft, fast(Model(big, init_params(big, jax.random.key(1)))), [[464, 2068, 7586], [818, 262, 3726]]
 
 
+def positions(draft, target, runs, n_tokens, T):
+    """The acceptance of each draft position over fixed-K_max runs (theory.alpha_by_position): auto's
+    model takes it to be one alpha for all of them."""
+    n_accepted = []
+    for prompt, key in runs:
+        _, trace = picospec.speculative_sample(draft, target, prompt, n_tokens, key, K=AUTO_K_MAX, temperature=T)
+        n_accepted.append(np.asarray(trace.n_accepted[:int(trace.n_steps)]))
+    n_accepted = np.concatenate(n_accepted)
+    alpha_i, reached = theory.alpha_by_position(n_accepted, AUTO_K_MAX)
+    se = np.sqrt(alpha_i * (1 - alpha_i) / np.maximum(reached, 1))
+    print(f"| {T} | {len(n_accepted)} | {theory.alpha_from_trace(n_accepted, AUTO_K_MAX):.2f} | "
+          + " | ".join(f"{a:.2f} ± {e:.2f} ({r})" for a, e, r in zip(alpha_i, se, reached)) + " |", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", choices=["bundled", "gpt2-shaped"], default="bundled")
@@ -42,6 +58,7 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=96)
     parser.add_argument("--keys", type=int, default=4, help="runs per prompt (default 4)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--positions", action="store_true", help="only print alpha by draft position")
     args = parser.parse_args(argv)
     if args.pair == "bundled":
         draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
@@ -49,10 +66,17 @@ def main(argv=None):
     else:
         draft, target, prompts = gpt2_shaped()
     capacity = max(buffers(p, args.n_tokens, AUTO_K_MAX, target.config)[2] for p in prompts)  # auto's runs
+    rounds = "" if args.positions else f"; each run's best of {args.rounds} rounds"
     print(f"Machine: {cpu_name()}; jax {jax.__version__}; {args.pair} pair; {args.n_tokens} tokens after "
-          f"{len(prompts)} prompts x {args.keys} keys; each run's best of {args.rounds} rounds\n")
+          f"{len(prompts)} prompts x {args.keys} keys{rounds}\n")
     keys = jax.random.split(jax.random.key(0), args.keys)
     runs = [(prompt, key) for prompt in prompts for key in keys]
+    if args.positions:
+        columns = " | ".join(f"alpha_{i} (reached)" for i in range(1, AUTO_K_MAX + 1))
+        print(f"| T | iterations | alpha | {columns} |\n|{'---|' * (AUTO_K_MAX + 3)}")
+        for T in [float(t) for t in args.temperatures.split(",")]:
+            positions(draft, target, runs, args.n_tokens, T)
+        return
     print("| T | contender | tokens/s | tokens per call | drafts per call | vs best fixed K |\n|---|---|---|---|---|---|")
     for T in [float(t) for t in args.temperatures.split(",")]:
         auto = auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T))

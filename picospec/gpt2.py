@@ -127,9 +127,9 @@ def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul
 
 
 def transformer(model: Model, tokens, cache: KVCache, write: bool = True):
-    """The trunk: tokens [T] at positions [cache.length, cache.length + T) -> hidden [T, C], and each
-    layer's cache buffer with these keys (n_layer x [H, S, D]) and values; write=False: each layer's
-    keys and values of this call alone (n_layer x [H, T, D]), the cache untouched."""
+    """tokens [T] at positions [cache.length, cache.length + T) -> logits [T, V], and each layer's
+    cache buffer with these keys (n_layer x [H, S, D]) and values; write=False: each layer's keys
+    and values of this call alone (n_layer x [H, T, D]), the cache untouched."""
     params, config = model.params, model.config
     q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
     # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
@@ -141,7 +141,8 @@ def transformer(model: Model, tokens, cache: KVCache, write: bool = True):
         k_all.append(k)
         v_all.append(v)
     x = layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon)  # [T, C]
-    return x, k_all, v_all
+    # The LM head is tied to the token embedding: [T, C] -> [T, V], in float32.
+    return model.matmul(x.astype(jnp.float32), params["wte"]["weight"]), k_all, v_all
 
 
 @partial(jax.jit, donate_argnames=("cache",))
@@ -157,9 +158,7 @@ def forward(model: Model, tokens, cache: KVCache):
       cache: the KVCache with these T positions written and length + T.
     The caller keeps cache.length + T <= S.
     """
-    x, k_all, v_all = transformer(model, tokens, cache)
-    # The LM head is tied to the token embedding: [T, C] -> [T, V], in float32.
-    logits = model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"])
+    logits, k_all, v_all = transformer(model, tokens, cache)  # [T, V], n_layer x [H, S, D] each
     return logits, KVCache(k_all, v_all, cache.length + tokens.shape[0])
 
 
@@ -167,8 +166,7 @@ def peek(model: Model, tokens, cache: KVCache):
     """`forward` that leaves the cache as it is: the logits [T, V], and this call's keys and values
     (n_layer x [H, T, D] each) for `append` to write later. A `lax.switch` whose branches only
     read the cache leaves XLA no buffer to copy (adaptive.score_first)."""
-    x, keys, values = transformer(model, tokens, cache, write=False)
-    return model.matmul(x.astype(jnp.float32), model.params["wte"]["weight"]), keys, values
+    return transformer(model, tokens, cache, write=False)
 
 
 def append(cache: KVCache, keys, values) -> KVCache:

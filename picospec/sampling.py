@@ -93,6 +93,11 @@ def sample(key, probs, greedy: bool = False):  # [V] -> int32 []
     return jnp.searchsorted(cdf, u, side="right", method="scan_unrolled").astype(jnp.int32)
 
 
+def normalized(r, fallback):  # [V] -> [V]: r / r.sum(); fallback for an all-zero residual (never drawn from)
+    total = r.sum()
+    return jnp.where(total > 0, r / jnp.where(total > 0, total, 1.0), fallback)
+
+
 def bucket(n: int, cap: int) -> int:
     """The power of two >= n (at least 16), at most cap: prompts of any length compile few shapes."""
     return min(max(16, 1 << (n - 1).bit_length()), cap)
@@ -122,7 +127,7 @@ def prefill(model: Model, tokens, n, prefill_len: int, max_len: int) -> KVCache:
     """A cache of capacity max_len holding tokens[:n - 1], the prompt but its newest token.
     tokens: int32 [L]; n: int32 [] the prompt's length; prefill_len >= n: the padded length fed."""
     cache = init_cache(model.config, max_len, model.params["wte"]["weight"].dtype)
-    _, k_all, v_all = transformer(model, tokens[:prefill_len], cache)
+    _, k_all, v_all = transformer(model, tokens[:prefill_len], cache)  # the unused logits are never computed (jit)
     return KVCache(k_all, v_all, n - 1)  # the padding's slots are stale from here on
 
 

@@ -21,13 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import forward
-from picospec.sampling import logits_to_probs, sample
+from picospec.sampling import logits_to_probs, normalized, sample
 from picospec.state import SpecState, advance, record
-
-
-def normalized(r, fallback):  # r / r.sum(), or fallback where r is all zero (a branch of probability 0)
-    total = r.sum()
-    return jnp.where(total > 0, r / jnp.where(total > 0, total, 1.0), fallback)
 
 
 def token_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):

@@ -39,7 +39,7 @@ from picospec.adaptive import propose_up_to, rows_max, score_first
 from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import (DecodeState, Sampling, autoregressive_step, buffers, eos_to_stop_at, generated,
-                               logits_to_probs, prefill, sample)
+                               logits_to_probs, normalized, prefill, sample)
 from picospec.several import several_step
 from picospec.state import SpecState, advance, empty_trace, record, rollback
 from picospec.verifiers import block_rule, match_rule
@@ -74,9 +74,7 @@ def accept_or_resample(key_accept, key_extra, drafted, p, q, greedy: bool = Fals
     # accepts this is the bonus q[K]. Where q == p the residual is all zero, and a rejection there
     # has probability 0; fall back to q[a] rather than divide by zero.
     p_padded = jnp.concatenate([p, jnp.zeros_like(p[:1])])  # [K+1, V]
-    residual = jnp.maximum(q[a] - p_padded[a], 0.0)  # [V]
-    total = residual.sum()
-    residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), q[a])
+    residual = normalized(jnp.maximum(q[a] - p_padded[a], 0.0), q[a])  # [V]
     return a, sample(key_extra, residual, greedy), p_x, q_x, u
 
 

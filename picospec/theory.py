@@ -28,6 +28,16 @@ def alpha_from_trace(n_accepted, K: int) -> float:
     return float(successes / max(successes + failures, 1))
 
 
+def alpha_by_position(n_accepted, K: int):
+    """Test the paper's assumption that alpha is the same at every position: alpha_i for the i-th
+    draft (i = 1..K) is accepted / reached, where an iteration reaches draft i when drafts 1..i-1 were
+    accepted, and accepts it when it kept at least i. Returns (alpha_i [K], reached [K])."""
+    n_accepted = np.asarray(n_accepted)[:, None]  # [R, 1]
+    i = np.arange(1, K + 1)  # [K]
+    reached, accepted = np.sum(n_accepted >= i - 1, axis=0), np.sum(n_accepted >= i, axis=0)  # [K], [K]
+    return accepted / np.maximum(reached, 1), reached
+
+
 def expected_tokens_per_call(alpha, K: int):
     """E[tokens per target call] = (1 - alpha^(K+1)) / (1 - alpha), Leviathan et al. Eq. 1: the mean
     of a geometric variable capped at K + 1 (the accepted run, plus one resample or bonus)."""

@@ -4,8 +4,8 @@ Each takes the same inputs as `accept_or_resample` (the token rule, in speculati
 tokens d_0..d_{K-1} (int32 [K]), the draft's p [K, V] they were drawn from, the target's q [K+1, V],
 and two keys; each returns a, the number of drafts kept, and the extra token after them, with what
 the trace records. A row of p that is all zero marks a draft that was not proposed (adaptive.py):
-each rule keeps none from there on, and draws its extra token from q. All three emit tokens whose law is exactly q's; they differ in how many drafts
-they keep, and in expectation match <= token <= block.
+each rule keeps none from there on, and draws its extra token from q. All three emit tokens whose
+law is exactly q's; they differ in how many drafts they keep, and in expectation match <= token <= block.
 
   match  keep d_i while it equals a token the target samples itself at that position
          (acceptance sum_x p(x) q(x): the weakest rule, the contrast for min(1, q/p));
@@ -18,7 +18,7 @@ they keep, and in expectation match <= token <= block.
 import jax
 import jax.numpy as jnp
 
-from picospec.sampling import sample
+from picospec.sampling import normalized, sample
 
 
 def match_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):
@@ -47,8 +47,7 @@ def block_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False):
     w, h, residual = block_residuals(drafted, p, q)  # [K+1], [K+1], [K+1, V]
     u = jax.random.uniform(key_accept, (K,))  # [K] u_1..u_K
     tau = jnp.max(jnp.where(u < h[1:], jnp.arange(1, K + 1), 0))  # int32 []
-    total = residual[tau].sum()
-    extra_law = jnp.where(total > 0, residual[tau] / jnp.where(total > 0, total, 1.0), q[tau])  # [V]
+    extra_law = normalized(residual[tau], q[tau])  # [V]
     p_x, q_x = p[jnp.arange(K), drafted], q[jnp.arange(K), drafted]  # [K]
     return tau, sample(key_extra, extra_law, greedy), p_x, q_x, u, w[1:], h[1:]
 

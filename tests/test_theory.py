@@ -68,6 +68,20 @@ def test_alpha_from_trace_recovers_a_known_alpha():
     assert theory.alpha_from_trace(n_accepted, K) != pytest.approx(n_accepted.mean() / K, abs=0.01)
 
 
+def test_alpha_by_position_recovers_each_positions_alpha():
+    rng = np.random.default_rng(3)
+    alphas = np.array([0.9, 0.5, 0.7])  # not geometric: the second draft is accepted less often
+    n_accepted = np.cumprod(rng.random((20000, 3)) < alphas, axis=1).sum(axis=1)
+    alpha_i, reached = theory.alpha_by_position(n_accepted, 3)
+    np.testing.assert_allclose(alpha_i, alphas, atol=0.015)
+    assert reached[0] == 20000 and reached[1] == np.sum(n_accepted >= 1)
+    naive = [np.mean(n_accepted >= i) for i in (1, 2, 3)]  # unconditional: the survival, not alpha_i
+    assert abs(naive[2] - alphas[2]) > 0.2
+    # a geometric run gives the same alpha at every position, the one alpha_from_trace estimates
+    geometric = np.cumprod(rng.random((20000, 3)) < 0.7, axis=1).sum(axis=1)
+    np.testing.assert_allclose(theory.alpha_by_position(geometric, 3)[0], 0.7, atol=0.015)
+
+
 def test_lenience_is_exact_at_one_and_accepts_more_below():
     rng = np.random.default_rng(2)
     p, q = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
