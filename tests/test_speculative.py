@@ -219,7 +219,7 @@ def test_same_key_same_output_and_jit_agrees():
 
 
 def test_exactly_n_tokens_and_stop_at_eos():
-    for n in [1, 17]:
+    for n in [1, 50]:  # 50: the same compiled loop as the runs below
         tokens, trace = picospec.speculative_sample(DRAFT, TARGET, PROMPT, n, jax.random.key(n), K=4)
         assert tokens.shape == (n,)
     eos = TARGET.config.eos_token_id
