@@ -127,7 +127,7 @@ def prefill(model: Model, tokens, n, prefill_len: int, max_len: int) -> KVCache:
     """A cache of capacity max_len holding tokens[:n - 1], the prompt but its newest token.
     tokens: int32 [L]; n: int32 [] the prompt's length; prefill_len >= n: the padded length fed."""
     cache = init_cache(model.config, max_len, model.params["wte"]["weight"].dtype)
-    _, k_all, v_all = transformer(model, tokens[:prefill_len], cache)  # the unused logits are never computed (jit)
+    _, k_all, v_all = transformer(model, tokens[:prefill_len], cache)  # unused logits: jit never computes them
     return KVCache(k_all, v_all, n - 1)  # the padding's slots are stale from here on
 
 

@@ -29,9 +29,10 @@ def alpha_from_trace(n_accepted, K: int) -> float:
 
 
 def alpha_by_position(n_accepted, K: int):
-    """Test the paper's assumption that alpha is the same at every position: alpha_i for the i-th
-    draft (i = 1..K) is accepted / reached, where an iteration reaches draft i when drafts 1..i-1 were
-    accepted, and accepts it when it kept at least i. Returns (alpha_i [K], reached [K])."""
+    """Test the paper's assumption that alpha is the same at every position, on a fixed-K trace:
+    alpha_i for the i-th draft (i = 1..K) is accepted / reached, where an iteration reaches draft i
+    when drafts 1..i-1 were accepted, and accepts it when it kept at least i.
+    Returns (alpha_i [K], reached [K])."""
     n_accepted = np.asarray(n_accepted)[:, None]  # [R, 1]
     i = np.arange(1, K + 1)  # [K]
     reached, accepted = np.sum(n_accepted >= i - 1, axis=0), np.sum(n_accepted >= i, axis=0)  # [K], [K]
