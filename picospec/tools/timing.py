@@ -5,7 +5,6 @@ of the ratio alike; each contender keeps its fastest call. Start-up is timed apa
 """
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,7 +82,7 @@ def iteration_calls(draft: Model, target: Model, K: int, calls, draft_cache: KVC
     return jax.lax.fori_loop(0, calls, iteration, (jnp.zeros(1, jnp.int32), draft_cache, target_cache))[0]
 
 
-def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5, per=None) -> dict:
+def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, rounds=5) -> dict:
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
     cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
     (see iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
@@ -113,12 +112,8 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
             n *= 2
         runs[name], n_calls[name] = run(n), n
     others = others or {}
-    laps, _ = race_laps(rounds, **runs, **others)
-    n_calls |= {name: 1 for name in others}
-    if per is not None:
-        return {name: statistics.median(lap[name] / n_calls[name] / (lap[per] / n_calls[per]) for lap in laps)
-                for name in runs | others}
-    return {name: min(lap[name] for lap in laps) / n_calls[name] for name in runs | others}
+    t, _ = race(rounds, **runs, **others)
+    return {name: t[name] / n_calls[name] for name in calls} | {name: t[name] for name in others}
 
 
 FIRST_TOKEN = """
