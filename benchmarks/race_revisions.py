@@ -6,7 +6,7 @@
 
 The earlier revision's package is taken from git into a temporary folder, renamed so that both import
 side by side, and each loads the models its own way. Then, for each pair, every contender is raced
-in turn (picospec.tools.timing.race, fastest of the rounds kept): the target's one-token and
+in turn (picospec.tools.bench.timing.race, fastest of the rounds kept): the target's one-token and
 (K+1)-token forward calls (so v(K)), the draft's one-token call (so c), and greedy autoregressive and
 speculative sampling of --n-tokens tokens. The ratios "now / then" are the speed change; a pair named
 gpt2 or gpt2-xl without the real weights in the Hugging Face cache gets random weights of the real
@@ -26,10 +26,10 @@ from pathlib import Path
 import jax
 
 import picospec
-import picospec.tools.timing  # noqa: F401  (package.tools.timing below)
-from picospec.tools.gpt2_shapes import resolve
-from picospec.tools.report import cpu_name
-from picospec.tools.timing import race
+import picospec.tools.bench.timing  # noqa: F401  (package.tools.timing below)
+from picospec.tools.bench.gpt2_shapes import resolve
+from picospec.tools.bench.report import cpu_name
+from picospec.tools.bench.timing import race
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,8 +21,8 @@ import numpy as np
 import picospec
 from picospec import Sampling, theory
 from picospec.sampling import logits_to_probs
-from picospec.tools.report import cpu_name
-from picospec.tools.timing import forward_times
+from picospec.tools.bench.report import cpu_name
+from picospec.tools.bench.timing import forward_times
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 HELDOUT = Path(__file__).parent.parent / "weights" / "heldout_sample.txt"

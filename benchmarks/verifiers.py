@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 import picospec
-from picospec.tools.report import cpu_name
+from picospec.tools.bench.report import cpu_name
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 

@@ -40,8 +40,8 @@ print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
 # %%
 PROMPT, K, TEMPERATURE, N_TOKENS, SEED = "And God said unto Moses", 4, 1.0, 64, 0
 
-from picospec.tools.display import coloured_text, extra_kind, step_table
-from picospec.tools.stream import trace_steps
+from picospec.tools.cli.show import coloured_text, extra_kind, step_table
+from picospec.tools.cli.stream import trace_steps
 
 prompt = tokenizer.encode(PROMPT).ids
 tokens, trace = picospec.speculative_sample(draft, target, prompt, N_TOKENS, jax.random.key(SEED),

@@ -1,13 +1,13 @@
 """picospec: speculative sampling on GPT-2, from scratch in JAX."""
 
 from picospec.errors import PicospecError
-from picospec.gpt2 import GPT2Config, KVCache, Model, forward, init_cache, logits
+from picospec.gpt2 import GPT2Config, KVCache, Model, forward, init_cache
 from picospec.ngram import NGramDraft
-from picospec.sampling import Sampling, autoregressive_sample
-from picospec.speculative import speculative_sample
+from picospec.sampling import Sampling
 from picospec.state import Trace
-from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
-from picospec.tools.weights import load_model, load_tokenizer
+from picospec.tools.checkpoints.weights import load_model, load_tokenizer
+from picospec.tools.samplers import (autoregressive_sample, autoregressive_sample_batch, logits, speculative_sample,
+                                     speculative_sample_batch)
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",

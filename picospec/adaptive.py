@@ -1,15 +1,17 @@
 """Adaptive K: how many tokens to draft, decided every iteration instead of fixed in advance.
 
-Two rules decide when the draft stops, both inside the compiled loop (shapes stay those of K_max):
-  theory      before drafting, pick the k in 1..K_max that maximizes the expected tokens per unit
-              of time, E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement),
-              with the costs measured on this machine (tools/costs.py) and the expectation taken
+An AdaptiveDraft wraps any draft and proposes k <= K tokens; two rules decide k, both inside the
+compiled loop (shapes stay those of K):
+  theory      before drafting, pick the k in 1..K that maximizes the expected tokens per unit of
+              time, E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement),
+              with the costs measured on this machine (tools/cli/costs.py) and the expectation taken
               over what the iterations so far say of alpha (a Beta posterior: few iterations, a
               wide one, which favours drafting more than its mean alone would);
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
-The target then scores only the k + 1 positions it needs (score_first, below).
+`adaptive_step` then has the target score only the k + 1 positions it needs (score_first), and a
+draft that proposes nothing (k = 0: the n-gram lookup that finds nothing) costs one plain step.
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification
 coin. Stopping after k drafts is the draft proposing, at position k, a "stop" token the target gives
@@ -19,26 +21,27 @@ run unchanged; a draft that stopped leaves rows of p at zero, which they read as
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from picospec.gpt2 import KVCache, Model, append, peek
-from picospec.sampling import Sampling, logits_to_probs
-from picospec.state import Proposal, Trace
+from picospec.gpt2 import KVCache, Model, forward, precision, transformer
+from picospec.sampling import Sampling, logits_to_probs, sample
+from picospec.speculative import ModelDraft, catch_up, score, speculative_step
+from picospec.state import Proposal, Trace, Verdict
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold"], meta_fields=["auto", "rows"])
+@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold"], meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
     # An iteration that drafts k costs k c + v(k), in any unit: in the theory's terms c is a draft
-    # call over a target call and v(k) the target's block over one token; tools/costs.py times whole
-    # iterations in place, so it gives c = 0 and v(k) = an iteration's time.
+    # call over a target call and v(k) the target's block over one token; tools/cli/costs.py times
+    # whole iterations in place, so it gives c = 0 and v(k) = an iteration's time.
     c: jax.Array  # float32 []
-    v: jax.Array  # float32 [K_max], for k = 1..K_max
+    v: jax.Array  # float32 [K], for k = 1..K
     threshold: jax.Array  # float32 []: stop after a draft token of probability below it (0: never)
-    auto: bool = True  # choose k from the theory each iteration; False: always K_max (the threshold still stops)
-    rows: str | None = None  # the vmapped axis when a batch steps its rows together (picospec.batch sets it)
+    auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
 
 
 def fixed(K: int, threshold: float = 0.0) -> Policy:
@@ -59,55 +62,141 @@ def alpha_estimate(trace: Trace):
 
 
 def choose_k(policy: Policy, successes, failures):
-    """The k in 1..K_max with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
+    """The k in 1..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
     with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
     With much evidence this is theory.optimal_K at alpha = successes / (successes + failures)."""
-    k = jnp.arange(1, policy.v.shape[0] + 1)  # [K_max]
-    moments = jnp.cumprod((successes + k) / (successes + failures + 1.0 + k))  # [K_max] E[alpha^k]
-    tokens = 1 + jnp.cumsum(moments)  # [K_max] expected tokens per target call, 1 + E[alpha] + ... + E[alpha^k]
+    k = jnp.arange(1, policy.v.shape[0] + 1)  # [K]
+    moments = jnp.cumprod((successes + k) / (successes + failures + 1.0 + k))  # [K] E[alpha^k]
+    tokens = 1 + jnp.cumsum(moments)  # [K] expected tokens per target call, 1 + E[alpha] + ... + E[alpha^k]
     return jnp.argmax(tokens / (k * policy.c + policy.v)).astype(jnp.int32) + 1
 
 
-def rows_max(x, policy: Policy):
-    """x's largest value over the rows of a batch (x itself for one sequence): in a batch the rows
-    draft, and the target scores, as far as the row that goes furthest needs."""
-    return jax.lax.pmax(x, policy.rows) if policy.rows else x
+def own(x):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
+    return x
 
 
-def propose_up_to(draft, tokens, n, cache, key, K: int, sampling: Sampling, policy: Policy, trace: Trace) -> Proposal:
-    """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
-    k = choose_k(policy, *evidence(trace)) if policy.auto else jnp.int32(K)
-    if hasattr(draft, "propose_until"):  # a model: stop drafting, and save its calls
-        return draft.propose_until(tokens, n, cache, key, K, k, policy.threshold, sampling,
-                                   lambda x: rows_max(x, policy))
-    proposal = draft.propose(tokens, n, cache, key, K, sampling)  # a lookup costs nothing: just cut it
-    return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0))
+@partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree"])
+@dataclass(frozen=True)
+class AdaptiveDraft:
+    """A draft that proposes k <= K tokens, k chosen by `policy`. Run it with `adaptive_step`."""
+
+    draft: object  # a ModelDraft, or a draft with nothing to save by stopping (ngram.NGramDraft)
+    policy: Policy
+    agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
+
+    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
+        return self.draft.prefill(tokens, n, prefill_len, max_len)
+
+    def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
+        """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
+        k = choose_k(self.policy, *evidence(state.trace)) if self.policy.auto else jnp.int32(K)
+        if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
+            return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
+                                 self.policy.threshold, sampling, self.agree)
+        proposal = self.draft.propose(state, key, K, sampling)  # a lookup costs nothing: just cut it
+        k = jnp.minimum(k, proposal.k)
+        return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0), k=k)
+
+
+def propose_up_to(draft: Model, tokens, n, cache: KVCache, key, K: int, k, threshold, sampling: Sampling,
+                  agree) -> Proposal:
+    """Step 1, stopping early: draft d_0, d_1, ... while fewer than k (int32 [], <= K) are drafted and
+    the newest had p[i](d_i) >= threshold. The same keys as speculative.propose, so with k = K and
+    threshold 0 it drafts the same tokens."""
+    keys, greedy = jax.random.split(key, K), sampling.greedy
+    p_0, cache = catch_up(draft, tokens, n, cache, sampling)
+    d_0 = sample(keys[0], p_0, greedy)
+    drafted = jnp.zeros(K, jnp.int32).at[0].set(d_0)  # [K]
+    p = jnp.zeros((K,) + p_0.shape, p_0.dtype).at[0].set(p_0)  # [K, V]
+
+    def go_on(i, d_i, p_i):  # after d_i: draft another?
+        return (i + 1 < k) & (p_i[d_i] >= threshold)
+
+    def draft_step(carry):  # feed d_i, sample d_{i+1} from p[i+1]; a row that stopped drops it
+        i, n_drafted, cache, drafted, p, drafting = carry
+        logits, cache = forward(draft, drafted[i][None], cache)  # [1, V]
+        p_next = logits_to_probs(logits[0], sampling)
+        d_next = sample(keys[i + 1], p_next, greedy)
+        drafted = drafted.at[i + 1].set(jnp.where(drafting, d_next, 0))
+        p = p.at[i + 1].set(jnp.where(drafting, p_next, 0.0))
+        return i + 1, n_drafted + drafting, cache, drafted, p, drafting & go_on(i + 1, d_next, p_next)
+
+    carry = (jnp.int32(0), jnp.int32(1), cache, drafted, p, go_on(0, d_0, p_0))
+    _, n_drafted, cache, drafted, p, _ = jax.lax.while_loop(lambda c: agree(c[5].astype(jnp.int32)) > 0,
+                                                            draft_step, carry)
+    return Proposal(drafted, p, cache, n_drafted)
+
+
+def attention_apart(q, k, v, k_cache, v_cache, q_pos):
+    """gpt2.cached_attention that leaves the cache as it is: attend over its slots before q_pos[0] and,
+    causally, over this call's own keys and values k, v [H, T, D], held apart. Returns y [T, H, D], k, v."""
+    S, T = k_cache.shape[1], q.shape[0]
+    scores = lambda keys: jnp.einsum("thd,hsd->hts", q, keys, precision=precision(q.dtype),  # noqa: E731
+                                     preferred_element_type=jnp.float32) / jnp.sqrt(q.shape[-1])
+    old = jnp.where(jnp.arange(S) < q_pos[0], scores(k_cache), -jnp.inf)  # [H, T, S]
+    new = jnp.where(jnp.tri(T, dtype=bool), scores(k), -jnp.inf)  # [H, T, T]
+    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(q.dtype)  # [H, T, S + T]
+    mix = lambda w, values: jnp.einsum("hts,hsd->htd", w, values, precision=precision(values.dtype),  # noqa: E731
+                                       preferred_element_type=jnp.float32)
+    y = mix(weights[..., :S], v_cache) + mix(weights[..., S:], v)  # [H, T, D]
+    return y.astype(q.dtype).transpose(1, 0, 2), k, v
+
+
+def peek(model: Model, tokens, cache: KVCache):
+    """gpt2.forward that leaves the cache as it is: logits [T, V], and this call's keys and values
+    (n_layer x [H, T, D] each) for `append` to write later."""
+    logits, keys, values = transformer(model, tokens, cache, attend=attention_apart)
+    return logits, (keys, values)
+
+
+def append(cache: KVCache, keys, values) -> KVCache:
+    """The cache with T keys and values (n_layer x [H, T, D] each, from peek) written at [length, length + T)."""
+    write = lambda buffer, new: jax.lax.dynamic_update_slice(buffer, new, (0, cache.length, 0))  # noqa: E731
+    return KVCache([write(b, k) for b, k in zip(cache.k, keys)], [write(b, v) for b, v in zip(cache.v, values)],
+                   cache.length + keys[0].shape[1])
 
 
 def block_sizes(K: int) -> list[int]:
-    """The blocks score_first compiles for up to K drafts: 2, 4, 8, ... rows, and K + 1 at the top."""
-    return [rows for rows in (2 ** i for i in range(1, K.bit_length() + 1)) if rows < K + 1] + [K + 1]
+    """The numbers of positions score_first compiles for up to K drafts: 1, 2, 4, 8, ... and K + 1."""
+    return [rows for rows in (2 ** i for i in range(K.bit_length() + 1)) if rows < K + 1] + [K + 1]
 
 
-def score_first(target: Model, tokens, n, drafted, k, cache: KVCache, sampling: Sampling):
-    """Step 2 when only d_0..d_{k-1} were proposed (adaptive.py): score the smallest block of
-    block_sizes(K) that holds those k + 1 positions (lax.switch runs one compiled branch per size;
-    a few sizes, since every branch costs a little even when it does not run). Returns q [K+1, V]
-    with zero rows past k. The branches only read the cache (gpt2.peek) and it is written once
-    after them: a branch that wrote it would make XLA copy every cache buffer on each call."""
-    K, sizes = drafted.shape[0], block_sizes(drafted.shape[0])
+def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own):
+    """Step 2 when only d_0..d_{k-1} were proposed: score the smallest block of block_sizes(K) that
+    holds those k + 1 positions (lax.switch runs one compiled branch per size; a few sizes, since every
+    branch costs a little even when it does not run). Returns q [K+1, V] with zero rows past k. The
+    branches only read the cache (peek) and it is written once after them: a branch that wrote it
+    would make XLA copy every cache buffer on each call."""
+    K = proposal.drafted.shape[0]
+    k = agree(proposal.k)
 
     def first(rows):  # x[n-1], d_0..d_{rows-2}: the drafts past k are padding, after every real one
         def run(cache):
-            block = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), drafted[:rows - 1]])  # [rows]
-            logits, keys, values = peek(target, block, cache)  # [rows, V], n_layer x [H, rows, D]
-            q = jnp.pad(logits_to_probs(logits, sampling), ((0, K + 1 - rows), (0, 0)))  # [K+1, V]
+            q, (keys, values) = score(target, tokens, n, proposal._replace(drafted=proposal.drafted[:rows - 1]),
+                                      cache, sampling, forward=peek)  # [rows, V], n_layer x [H, rows, D]
             pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - rows), (0, 0)))  # noqa: E731  [H, K+1, D]
-            return q, [pad(x) for x in keys], [pad(x) for x in values]
+            return jnp.pad(q, ((0, K + 1 - rows), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
         return run
 
+    sizes = block_sizes(K)
     branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 rows
     q, keys, values = jax.lax.switch(branch, [first(rows) for rows in sizes], cache)  # [K+1, V], ...
     q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
     return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps
+
+
+def unless_nothing(verify, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
+    """`verify`; or, when nothing was proposed (every row of p zero), the target's own next token,
+    drawn from q[0] as autoregressive_step draws it from key_extra."""
+    verdict = verify(key_accept, key_extra, drafted, p, q, greedy)
+    alone = Verdict(jnp.int32(0), sample(jax.random.split(key_extra)[1], q[0], greedy), 0.0, 0.0, 0.0, 0.0, 0.0)
+    nothing = ~jnp.any(p > 0)
+    return jax.tree_util.tree_map(lambda mine, target_alone: jnp.where(nothing, target_alone, mine), verdict, alone)
+
+
+def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):
+    """speculative_step for a draft that proposes k <= K tokens: the target scores only the k + 1
+    positions it needs, and an iteration with nothing proposed is one autoregressive step of the target."""
+    return speculative_step(draft, target, state, K, sampling, eos_id, partial(unless_nothing, verify),
+                            partial(score_first, agree=draft.agree))

@@ -16,7 +16,7 @@ the row's length (stale slots) and are never read again.
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
 may add in another order). Only the buffers are padded to the longest row; the padding is never read.
-(picospec.tools.batches holds the entry points that check the inputs, memory and devices first.)
+(picospec.tools.samplers holds the entry points that check the inputs, memory and devices first.)
 """
 
 import dataclasses
@@ -26,22 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.errors import PicospecError
-from picospec.sampling import autoregressive_start, autoregressive_step, buffers, generated
-from picospec.speculative import speculative_step, start
+from picospec.adaptive import AdaptiveDraft
+from picospec.autoregressive import autoregressive_start, autoregressive_step, buffers, generated
+from picospec.speculative import accept_or_resample, speculative_step, start
 
 
 def batch_buffers(prompts, n_tokens: int, lookahead: int, config) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """`sampling.buffers` for B prompts of different lengths: token buffers int32 [B, L] (row b holds
-    prompt b), prompt lengths int32 [B], and the longest row's prefill length and cache capacity."""
-    if len(prompts) == 0:
-        raise PicospecError("no prompts: give at least one")
-    rows = []
-    for b, prompt in enumerate(prompts):
-        try:
-            rows.append(buffers(prompt, n_tokens, lookahead, config))
-        except PicospecError as e:
-            raise PicospecError(f"prompt {b + 1} of {len(prompts)}: {e}") from None
+    """`autoregressive.buffers` for B prompts of different lengths: token buffers int32 [B, L] (row b
+    holds prompt b), prompt lengths int32 [B], and the longest row's prefill length and cache capacity."""
+    rows = [buffers(prompt, n_tokens, lookahead, config) for prompt in prompts]
     L = max(len(tokens) for tokens, _, _ in rows)
     tokens = np.zeros((len(prompts), L), np.int32)  # [B, L]
     for b, (row, _, _) in enumerate(rows):
@@ -66,7 +59,18 @@ def keep_finished(active, new, old):
     return new._replace(**kept)
 
 
-ROWS = "rows"  # the vmapped axis's name: an adaptive.Policy reads it to draft as far as any row needs
+ROWS = "rows"  # the vmapped axis's name
+
+
+def furthest(k):
+    """The largest k of the rows stepped together: in a batch, an AdaptiveDraft drafts, and the target
+    scores, as far as the row that goes furthest needs (each row keeps its own drafts)."""
+    return jax.lax.pmax(k, ROWS)
+
+
+def in_batch(draft):
+    """The draft as the rows stepped together run it."""
+    return dataclasses.replace(draft, agree=furthest) if isinstance(draft, AdaptiveDraft) else draft
 
 
 def batch_step(step, state, n_end):
@@ -74,24 +78,18 @@ def batch_step(step, state, n_end):
     return keep_finished(unfinished(state, n_end), jax.vmap(step, axis_name=ROWS)(state), state)
 
 
-def in_batch(policy):
-    """An adaptive.Policy for rows stepped together (None stays None)."""
-    return policy and dataclasses.replace(policy, rows=ROWS)
-
-
 def batch_loop(step, state, n_end):
     """batch_step while any row is unfinished."""
     return jax.lax.while_loop(lambda s: jnp.any(unfinished(s, n_end)), lambda s: batch_step(step, s, n_end), state)
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "rule", "drafts"))
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "verify", "step"))
 def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                      rule="token", policy=None, drafts=1):
+                      verify=accept_or_resample, step=speculative_step):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
     state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
-    step = partial(speculative_step, draft, target, K=K, sampling=sampling, eos_id=eos_id, rule=rule,
-                   policy=in_batch(policy), drafts=drafts)
-    state = batch_loop(step, state, n_prompt + n_tokens)
+    draft = in_batch(draft)
+    state = batch_loop(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_prompt + n_tokens)
     return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt), state.trace
 
 

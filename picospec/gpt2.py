@@ -14,7 +14,6 @@ slots at or beyond the length are stale, and the causal mask never lets a query 
 is a call that only reads the cache; `append` writes what it computed later.
 """
 
-import itertools
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, NamedTuple
@@ -22,7 +21,6 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from picospec.errors import PicospecError
 
 
 @dataclass(frozen=True)
@@ -83,53 +81,47 @@ def layer_norm(x, weight, bias, eps):  # [T, C], [C], [C] -> [T, C]
     return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype) * weight + bias
 
 
-def attention(q, parts):  # [T, H, D], [(k [H, S_i, D], v [H, S_i, D], visible [T, S_i]), ...] -> [T, H, D]
-    """Each of T queries attends to the keys it may see (visible), wherever they are kept: the
-    cache's buffers, or (gpt2.peek) this call's own keys held apart from them."""
-    D = q.shape[-1]
-    # Scores and softmax in float32 whatever the dtype: a float16 q.k can pass float16's 65504.
-    scores = [jnp.where(visible[None], jnp.einsum("thd,hsd->hts", q, k, precision=precision(q.dtype),
-                                                  preferred_element_type=jnp.float32) / jnp.sqrt(D), -jnp.inf)
-              for k, _, visible in parts]  # [H, T, S_i] each
-    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(q.dtype)  # [H, T, sum S_i]
-    ends = list(itertools.accumulate(k.shape[1] for k, _, _ in parts))[:-1]
-    y = [jnp.einsum("hts,hsd->htd", w, v, precision=precision(v.dtype), preferred_element_type=jnp.float32)
-         for w, (_, v, _) in zip(jnp.split(weights, ends, axis=-1), parts)]  # [H, T, D] each
-    return sum(y[1:], y[0]).astype(q.dtype).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
+def attention(q, k, v, visible):  # [T, H, D], [H, S, D], [H, S, D], [T, S] -> [T, H, D]
+    """Each of T queries attends to the S keys it may see. Scores and softmax in float32 whatever the
+    dtype: a float16 q.k can pass float16's 65504."""
+    scores = jnp.einsum("thd,hsd->hts", q, k, precision=precision(q.dtype),
+                        preferred_element_type=jnp.float32) / jnp.sqrt(q.shape[-1])  # [H, T, S]
+    weights = jax.nn.softmax(jnp.where(visible[None], scores, -jnp.inf), axis=-1).astype(q.dtype)  # [H, T, S]
+    y = jnp.einsum("hts,hsd->htd", weights, v, precision=precision(v.dtype), preferred_element_type=jnp.float32)
+    return y.astype(q.dtype).transpose(1, 0, 2)  # [H, T, D] -> [T, H, D]
 
 
-def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul, write=True):
+def cached_attention(q, k, v, k_cache, v_cache, q_pos):
+    """Write this call's keys and values k, v [H, T, D] into the layer's cache buffers [H, S, D] at
+    positions q_pos [T], then attend over the buffers. Returns y [T, H, D] and the buffers."""
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, q_pos[0], 0))  # [H, S, D]
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, q_pos[0], 0))  # [H, S, D]
+    # Slot s holds position s. A query sees positions up to its own: this is the causal mask, and it
+    # also hides every stale slot, since those all lie beyond the newest position.
+    visible = jnp.arange(k_cache.shape[1])[None, :] <= q_pos[:, None]  # [T, S]
+    return attention(q, k_cache, v_cache, visible), k_cache, v_cache
+
+
+def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul, attend):
     """One transformer block: x [T, C] at positions q_pos [T], with this layer's cache buffers
-    k_cache, v_cache [H, S, D]. Returns x [T, C] and the buffers with this call's keys/values
-    written; with write=False (peek), the buffers untouched and this call's keys/values [H, T, D]."""
+    k_cache, v_cache [H, S, D]. Returns x [T, C] and what `attend` returns for the cache."""
     T, C = x.shape
-    S = k_cache.shape[1]
     linear = lambda x, weight, bias: matmul(x, weight) + bias  # noqa: E731  [T, in] -> [T, out]
     h = layer_norm(x, ln_1["weight"], ln_1["bias"], eps)  # [T, C]
     qkv = linear(h, **attn["c_attn"]).reshape(T, 3, n_head, C // n_head)  # [T, 3C] -> [T, 3, H, D]
     q = qkv[:, 0]  # [T, H, D]
     k, v = qkv[:, 1].transpose(1, 0, 2), qkv[:, 2].transpose(1, 0, 2)  # [H, T, D]: head-major, like the cache
-    if write:  # the cache is kept head-major, [H, S, D], so attention reads it in place
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, q_pos[0], 0))  # [H, S, D]
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, q_pos[0], 0))  # [H, S, D]
-        # Slot s holds position s. A query sees positions up to its own: this is the causal mask,
-        # and it also hides every stale slot, since those all lie beyond the newest position.
-        parts = [(k_cache, v_cache, jnp.arange(S)[None, :] <= q_pos[:, None])]  # [T, S]
-    else:  # the cache's slots before q_pos[0], then this call's own keys, causally
-        parts = [(k_cache, v_cache, jnp.broadcast_to(jnp.arange(S) < q_pos[0], (T, S))),
-                 (k, v, jnp.tri(T, dtype=bool))]
-        k_cache, v_cache = k, v
-    y = attention(q, parts).reshape(T, C)  # [T, H, D] -> [T, C]
-    x = x + linear(y, **attn["c_proj"])  # [T, C]
+    y, k_cache, v_cache = attend(q, k, v, k_cache, v_cache, q_pos)  # [T, H, D]
+    x = x + linear(y.reshape(T, C), **attn["c_proj"])  # [T, C]
     h = layer_norm(x, ln_2["weight"], ln_2["bias"], eps)  # [T, C]
     x = x + linear(gelu(linear(h, **mlp["c_fc"])), **mlp["c_proj"])  # [T, C] -> [T, 4C] -> [T, C]
     return x, k_cache, v_cache
 
 
-def transformer(model: Model, tokens, cache: KVCache, write: bool = True):
-    """tokens [T] at positions [cache.length, cache.length + T) -> logits [T, V], and each layer's
-    cache buffer with these keys (n_layer x [H, S, D]) and values; write=False: each layer's keys
-    and values of this call alone (n_layer x [H, T, D]), the cache untouched."""
+def transformer(model: Model, tokens, cache: KVCache, attend=cached_attention):
+    """tokens [T] at positions [cache.length, cache.length + T) -> logits [T, V], and what `attend`
+    returns for each layer's cache: by default its buffers with these keys (n_layer x [H, S, D]) and
+    values written."""
     params, config = model.params, model.config
     q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
     # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
@@ -137,7 +129,7 @@ def transformer(model: Model, tokens, cache: KVCache, write: bool = True):
     k_all, v_all = [], []
     for layer, k_cache, v_cache in zip(params["h"], cache.k, cache.v):
         x, k, v = block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
-                        eps=config.layer_norm_epsilon, matmul=model.matmul, write=write)
+                        eps=config.layer_norm_epsilon, matmul=model.matmul, attend=attend)
         k_all.append(k)
         v_all.append(v)
     x = layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon)  # [T, C]
@@ -160,20 +152,6 @@ def forward(model: Model, tokens, cache: KVCache):
     """
     logits, k_all, v_all = transformer(model, tokens, cache)  # [T, V], n_layer x [H, S, D] each
     return logits, KVCache(k_all, v_all, cache.length + tokens.shape[0])
-
-
-def peek(model: Model, tokens, cache: KVCache):
-    """`forward` that leaves the cache as it is: the logits [T, V], and this call's keys and values
-    (n_layer x [H, T, D] each) for `append` to write later. A `lax.switch` whose branches only
-    read the cache leaves XLA no buffer to copy (adaptive.score_first)."""
-    return transformer(model, tokens, cache, write=False)
-
-
-def append(cache: KVCache, keys, values) -> KVCache:
-    """The cache with T keys and values (n_layer x [H, T, D] each, from peek) written at [length, length + T)."""
-    write = lambda buffer, new: jax.lax.dynamic_update_slice(buffer, new, (0, cache.length, 0))  # noqa: E731
-    return KVCache([write(b, k) for b, k in zip(cache.k, keys)], [write(b, v) for b, v in zip(cache.v, values)],
-                   cache.length + keys[0].shape[1])
 
 
 def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp.float32) -> dict:
@@ -208,8 +186,5 @@ def init_params(config: GPT2Config, key: jax.Array, std: float = 0.02, dtype=jnp
 def logits(model: Model, tokens) -> jax.Array:
     """A full forward pass over `tokens` [T] from an empty cache -> float32 logits [T, V]. For checks."""
     tokens = jnp.asarray(tokens, jnp.int32)
-    if not 1 <= len(tokens) <= model.config.n_positions:  # past it there is no position embedding
-        raise PicospecError(f"logits takes 1 to {model.config.n_positions} tokens (the model's context), "
-                            f"got {len(tokens)}")
     cache = init_cache(model.config, len(tokens), model.params["wte"]["weight"].dtype)
     return forward(model, tokens, cache)[0]

@@ -8,8 +8,10 @@ min(1, q(d) / 1) = q(d), and a rejection resamples from norm(max(0, q - onehot(d
 At temperature 0 that is an exact match against the target's argmax. Text that quotes, repeats or edits
 its input is full of such matches, and a lookup costs next to nothing (c ≈ 0).
 
-When nothing matches there is nothing to verify: the iteration is one plain target step instead, so
-that a lookup that finds nothing costs no more than autoregressive decoding.
+When nothing matches, the lookup proposes nothing (k = 0). Run it as a draft that may propose fewer
+than K, `adaptive.AdaptiveDraft(NGramDraft(max_n).for_target(target), adaptive.fixed(K))` with
+`adaptive.adaptive_step`: an iteration with nothing proposed is then one plain target step, so that a
+lookup that finds nothing costs no more than autoregressive decoding.
 """
 
 import dataclasses
@@ -19,7 +21,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from picospec.errors import PicospecError
+from picospec.gpt2 import KVCache
 from picospec.state import Proposal
 
 
@@ -29,22 +31,19 @@ class NGramDraft:
     """The draft that looks up n-grams in the sequence so far (no weights, no cache). Static under jit."""
 
     max_n: int = 3  # the longest tail tried; then max_n - 1, ..., 1
-    vocab_size: int | None = None  # V of the one-hot p: the target's (speculative_sample sets it)
-
-    def __post_init__(self):
-        if not (isinstance(self.max_n, int) and self.max_n >= 1):
-            raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {self.max_n}")
+    vocab_size: int | None = None  # V of the one-hot p: the target's (for_target sets it)
 
     def for_target(self, target) -> "NGramDraft":
         return dataclasses.replace(self, vocab_size=target.config.vocab_size)
 
-    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> None:
-        return None  # nothing to keep: every lookup reads the sequence itself
+    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
+        return KVCache([], [], n - 1)  # no layers: every lookup reads the sequence itself
 
-    def propose(self, tokens, n, cache, key, K: int, sampling) -> Proposal:
-        """Step 1 as a lookup: d_0..d_{K-1} with a one-hot p, or found = False when nothing matches."""
-        drafted, found = lookup(tokens, n, self.max_n, K)
-        return Proposal(drafted, jax.nn.one_hot(drafted, self.vocab_size), None, found)  # [K], [K, V]
+    def propose(self, state, key, K: int, sampling) -> Proposal:
+        """Step 1 as a lookup: d_0..d_{K-1} with a one-hot p, or nothing (k = 0) when nothing matches."""
+        drafted, found = lookup(state.tokens, state.n, self.max_n, K)
+        p = jax.nn.one_hot(drafted, self.vocab_size) * found  # [K, V]
+        return Proposal(jnp.where(found, drafted, 0), p, state.draft_cache, jnp.where(found, K, 0))
 
 
 def lookup(tokens, n, max_n: int, K: int):

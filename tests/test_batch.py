@@ -9,7 +9,7 @@ from test_speculative import DRAFT, N_SAMPLES, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.tools.batches import autoregressive_sample_batch, speculative_sample_batch
+from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
 from picospec.tools.memory import available_memory, check_memory, compiled_need, memory_per_row
 
 BIG_TARGET = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)

@@ -12,7 +12,7 @@ from conftest import DATA, random_model
 
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
-from picospec.tools.timing import forward_times, iteration_calls
+from picospec.tools.bench.timing import forward_times, iteration_calls
 
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"

@@ -15,8 +15,8 @@ from conftest import DATA
 import picospec
 from picospec.sampling import Sampling
 from picospec.tools import cli, costs, options
-from picospec.tools.show import show
-from picospec.tools.stream import Step
+from picospec.tools.cli.show import show
+from picospec.tools.cli.stream import Step
 
 PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]
 
@@ -142,7 +142,7 @@ def bad_checkpoint(tmp_path, kind):
         weights.unlink()
         (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not unpickled")
     elif kind == "vocab":
-        from picospec.tools.weights import load_tokenizer, save_checkpoint
+        from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
         from conftest import random_model
         save_checkpoint(random_model(vocab_size=301, n_positions=64), load_tokenizer(str(folder)), folder)
     return str(folder)

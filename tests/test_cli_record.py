@@ -17,7 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DATA  # noqa: E402
 
-from picospec.tools import cli, costs  # noqa: E402
+from picospec.tools import cli  # noqa: E402
+from picospec.tools.cli import costs  # noqa: E402
 
 RECORD = DATA / "cli_record.json"
 PAIR = ["--draft", "tiny-draft", "--target", "tiny-target", "--n-tokens", "24", "--K", "4"]

@@ -9,7 +9,7 @@ from conftest import early_exit, random_model
 import picospec
 from picospec.paper import speculative_sampling
 from picospec.sampling import Sampling
-from picospec.tools.stream import stream
+from picospec.tools.cli.stream import stream
 
 TARGET = random_model(n_layer=2, vocab_size=16)
 DRAFT = early_exit(TARGET, 1)

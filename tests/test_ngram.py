@@ -11,8 +11,8 @@ from test_speculative import N_SAMPLES, PROMPT, TARGET, V, target_law
 import picospec
 from picospec import NGramDraft, Sampling
 from picospec.ngram import lookup
-from picospec.tools.display import VERDICT_COLOURS, coloured_text, extra_kind, step_table
-from picospec.tools.stream import Step
+from picospec.tools.cli.show import VERDICT_COLOURS, coloured_text, extra_kind, step_table
+from picospec.tools.cli.stream import Step
 
 
 def propose(sequence, max_n=3, K=4):

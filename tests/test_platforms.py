@@ -11,7 +11,7 @@ from conftest import random_model
 
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
-from picospec.tools.weights import load_tokenizer, save_checkpoint
+from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
 
 ACCELERATORS = ("cuda", "tpu")
 

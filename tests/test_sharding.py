@@ -13,7 +13,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from conftest import early_exit, random_model
-from picospec.tools.batches import speculative_sample_batch
+from picospec.tools.samplers import speculative_sample_batch
 from picospec.tools.sharding import make_mesh, shard_model, shard_rows
 
 target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)

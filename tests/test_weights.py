@@ -16,9 +16,9 @@ import picospec
 from picospec import PicospecError
 from picospec.gpt2 import init_params
 from picospec.tools import weights
-from picospec.tools.load_memory import peak_ratio
-from picospec.tools.config import config_json
-from picospec.tools.tensors import checkpoint_tensors
+from picospec.tools.bench.load_memory import peak_ratio
+from picospec.tools.checkpoints.config import config_json
+from picospec.tools.checkpoints.tensors import checkpoint_tensors
 
 SOURCE = DATA / "tiny-hub"
 
@@ -144,7 +144,7 @@ def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
     save_file(flat, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config_json(config)))
     del params, flat
-    ratio, _ = peak_ratio(str(folder), dtype)  # the 1558M check: python -m picospec.tools.load_memory
+    ratio, _ = peak_ratio(str(folder), dtype)  # the 1558M check: python -m picospec.tools.bench.load_memory
     assert ratio < 1.3, f"peak resident memory was {ratio:.2f}x the weights"
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import KVCache, Model, forward, init_cache
+from picospec.tools.cli.costs import race_laps
 
 
 def race(rounds=3, **contenders) -> tuple[dict, dict]:
@@ -24,16 +25,6 @@ def race(rounds=3, **contenders) -> tuple[dict, dict]:
     call warms up and compiles: its excess over the fastest call is the compile time."""
     laps, warmup = race_laps(rounds, **contenders)
     return {name: min(lap[name] for lap in laps) for name in contenders}, warmup
-
-
-def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
-    """race's timings lap by lap: ([{name: seconds} for each round], {name: first call})."""
-    def seconds(fn):
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    warmup = {name: seconds(fn) for name, fn in contenders.items()}
-    return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
 
 
 def best(fn, rounds=3) -> float:
@@ -86,7 +77,7 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
     """{name: seconds per forward call} for each name: (model, T), a call feeding T tokens after 32
     cached positions (fewer in a cache under 48 slots); or (draft, target, K), one iteration's calls
     (see iteration_calls). The caches have `capacity` slots: pass the capacity of the runs being
-    predicted (sampling.buffers), since attention reads every slot (the bundled target's one-token
+    predicted (autoregressive.buffers), since attention reads every slot (the bundled target's one-token
     call costs ~20% more with 256 than with 128). Each is timed as n calls in one compiled loop, n
     doubled until they take `min_seconds` (a tiny model's call is tens of microseconds), and all are
     raced together, so a slow spell hits both sides of v(K) and c alike. `others`, {name: function},
@@ -119,9 +110,9 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
 FIRST_TOKEN = """
 import sys, jax
 from picospec.sampling import Sampling
-from picospec.tools.jit_cache import use_persistent_cache
-from picospec.tools.stream import stream
-from picospec.tools.weights import load_model
+from picospec.tools.cli.jit_cache import use_persistent_cache
+from picospec.tools.cli.stream import stream
+from picospec.tools.checkpoints.weights import load_model
 use_persistent_cache()
 draft, target, K = load_model(sys.argv[1]), load_model(sys.argv[2]), int(sys.argv[3])
 next(stream(draft, target, [[1, 2, 3]], 16, jax.random.split(jax.random.key(0), 1), K=K, sampling=Sampling(0.0)))

@@ -9,8 +9,8 @@ import jax
 from picospec import adaptive
 from picospec.batch import batch_buffers
 from picospec.errors import PicospecError
-from picospec.sampling import Sampling
-from picospec.tools.costs import auto_policy
+from picospec.tools import checks
+from picospec.tools.cli.costs import auto_policy
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
 
@@ -29,11 +29,11 @@ def K_max(args) -> int:
 
 
 def make_policy(args, draft, target, prompts):
-    """The adaptive.Policy the flags ask for: --K auto times this machine's iterations (tools/costs.py);
+    """The adaptive.Policy the flags ask for: --K auto times this machine's iterations (costs.py);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
-        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+        sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
         return auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence)
     return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
 

@@ -19,8 +19,8 @@ from tokenizers import Tokenizer
 from picospec import fastpath
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
-from picospec.tools.config import config_json, read_config
-from picospec.tools.tensors import first_line, load_params, save_params
+from picospec.tools.checkpoints.config import config_json, read_config
+from picospec.tools.checkpoints.tensors import first_line, load_params, save_params
 
 HUB_REPOS = {
     "gpt2": "openai-community/gpt2", "124M": "openai-community/gpt2",
@@ -28,7 +28,7 @@ HUB_REPOS = {
     "gpt2-large": "openai-community/gpt2-large", "774M": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl", "1558M": "openai-community/gpt2-xl",
 }
-BUNDLED_DIR = Path(__file__).resolve().parents[2] / "weights"  # holds tiny-draft, tiny-target
+BUNDLED_DIR = Path(__file__).resolve().parents[3] / "weights"  # holds tiny-draft, tiny-target
 BUNDLED = ("tiny-draft", "tiny-target")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"

@@ -2,11 +2,11 @@
 drafts k tokens, for k = 1..K_max.
 
 They depend on the machine, the pair and how tokens are sampled, not on the prompt, so they are
-timed once, at start-up, and kept in costs.json beside the compile cache (tools/jit_cache.py),
+timed once, at start-up, and kept in costs.json beside the compile cache (jit_cache.py),
 keyed by the device, both models' shapes and dtypes, K_max, the cache capacity and the sampling
 mode. Deleting the file only costs the timing again.
 
-They are timed in place: auto's own compiled iteration (speculative_step with the policy), with k
+They are timed in place: auto's own compiled iteration (adaptive_step with the policy), with k
 forced, run over and over from one state. The theory's k c + v(k) counts forward calls only; in
 place, the sampling, the verifier and the bookkeeping count too (on the bundled pair a draft step
 costs ~0.3 of a target call in place, against ~0.22 for its forward call alone), and so does every
@@ -15,6 +15,7 @@ block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's 
 
 import json
 import statistics
+import time
 from functools import partial
 
 import jax
@@ -22,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from picospec import adaptive
-from picospec.draft import as_draft
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.speculative import speculative_step, start
-from picospec.tools.jit_cache import cache_folder
-from picospec.tools.timing import race_laps
+from picospec.speculative import start
+from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.samplers import plug_in
+from picospec.verifiers import accept_or_resample
 
 
 def describe(model) -> str:
@@ -38,17 +39,27 @@ def describe(model) -> str:
             f"-{model.params['wte']['weight'].dtype}")
 
 
-@partial(jax.jit, static_argnames=("K",))
-def _iterations(draft, target, state, K: int, sampling: Sampling, policy: adaptive.Policy, calls):
-    """`calls` iterations of speculative_step, each from `state`'s sequence again (the key, the
-    buffers and the trace carry over, so nothing is computed for nothing)."""
+@partial(jax.jit, static_argnames=("K", "step"))
+def _iterations(draft, target, state, K: int, sampling: Sampling, calls, step):
+    """`calls` iterations of `step`, each from `state`'s sequence again (the key, the buffers and the
+    trace carry over, so nothing is computed for nothing)."""
     def one(_, s):
-        after = speculative_step(draft, target, s, K, sampling, -1, "token", policy)
+        after = step(draft, target, s, K, sampling, -1, accept_or_resample)
         return after._replace(n=state.n, done=state.done,
-                              draft_cache=None if state.draft_cache is None else
-                              after.draft_cache._replace(length=state.draft_cache.length),
+                              draft_cache=after.draft_cache._replace(length=state.draft_cache.length),
                               target_cache=after.target_cache._replace(length=state.target_cache.length))
     return jax.lax.fori_loop(0, calls, one, state)
+
+
+def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
+    """The contenders called in turn, round after round, so that a slow spell on a shared machine slows
+    them alike: ([{name: seconds} for each round], {name: first call, which warms up and compiles})."""
+    def seconds(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    warmup = {name: seconds(fn) for name, fn in contenders.items()}
+    return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
 
 
 LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
@@ -60,15 +71,16 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
     rounds of each k's time over k = 1's in the same round, times k = 1's median."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
-    wrapped = as_draft(draft, target)
+
+    def forced(k):  # the draft whose Policy chooses k whatever alpha is
+        v = jnp.where(jnp.arange(1, K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
+        return plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), v, jnp.float32(0)))
+
+    wrapped, step, _ = forced(1)
     state = start(wrapped, target, jnp.ones(capacity, jnp.int32), P, jax.random.key(0), K_max, P, capacity)
 
-    def forced(k):  # the Policy whose choice is k whatever alpha is
-        v = jnp.where(jnp.arange(1, K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
-        return adaptive.Policy(jnp.float32(0), v, jnp.float32(0))
-
     def run(k, n):
-        return lambda: jax.block_until_ready(_iterations(wrapped, target, state, K_max, sampling, forced(k), n))
+        return lambda: jax.block_until_ready(_iterations(forced(k)[0], target, state, K_max, sampling, n, step))
 
     runs, calls = {}, {}
     for k in range(1, K_max + 1):

@@ -9,9 +9,9 @@ import jax
 from huggingface_hub import try_to_load_from_cache
 
 from picospec.gpt2 import GPT2Config, init_params
-from picospec.tools.config import config_json
-from picospec.tools.tensors import save_params
-from picospec.tools.weights import HUB_REPOS
+from picospec.tools.checkpoints.config import config_json
+from picospec.tools.checkpoints.tensors import save_params
+from picospec.tools.checkpoints.weights import HUB_REPOS
 
 SHAPES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768), "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
 RANDOM_DIR = Path(os.environ.get("PICOSPEC_BENCH_DIR", Path.home() / ".cache" / "picospec" / "bench"))

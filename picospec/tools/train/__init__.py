@@ -2,7 +2,7 @@
 
     apt-get install bible-kjv          # the corpus: public-domain English, 4.4 MB
     pip install -e ".[train]"          # optax
-    python -m picospec.train --out weights
+    python -m picospec.tools.train --out weights
 
 Steps: train a byte-level BPE tokenizer; train the target; train the draft by distillation
 (cross-entropy against the target's distribution; --drafts text or both also trains one on the text);
@@ -25,10 +25,10 @@ import optax
 
 from picospec import fastpath
 from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
-from picospec.speculative import speculative_sample
-from picospec.tools.config import config_json
-from picospec.tools.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
-from picospec.tools.weights import load_model, save_checkpoint
+from picospec.tools.samplers import speculative_sample
+from picospec.tools.checkpoints.config import config_json
+from picospec.tools.train.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
+from picospec.tools.checkpoints.weights import load_model, save_checkpoint
 
 CONTEXT = 256
 # The bundled pair: a 6 x 384 target, large enough that one call costs more than the loop
@@ -116,7 +116,7 @@ def n_params(model: Model) -> int:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m picospec.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m picospec.tools.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("weights"), help="where tiny-draft/ and tiny-target/ go")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=600)

@@ -15,14 +15,15 @@ import jax
 
 from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
-from picospec.sampling import Sampling
-from picospec.draft import RULES, check_pair
-from picospec.tools.options import (AUTO_K_MAX, K_max, describe, k_used, k_value, make_policy, read_prompts,
-                                    use_platform)
-from picospec.tools.jit_cache import use_persistent_cache
-from picospec.tools.show import batch_stats, coloured, legend, row_record, show, summary
-from picospec.tools.stream import Timing, stream
-from picospec.tools.weights import DTYPES, check_tokenizer, checkpoint_file, eos_token_id, load_model, load_tokenizer
+from picospec.tools import checks
+from picospec.tools.checkpoints.weights import (DTYPES, check_tokenizer, checkpoint_file, eos_token_id, load_model,
+                                                load_tokenizer)
+from picospec.tools.cli.jit_cache import use_persistent_cache
+from picospec.tools.cli.options import (AUTO_K_MAX, K_max, describe, k_used, k_value, make_policy, read_prompts,
+                                        use_platform)
+from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
+from picospec.tools.cli.stream import Timing, stream
+from picospec.verifiers import RULES
 
 
 def parse_args(argv):
@@ -41,7 +42,7 @@ def parse_args(argv):
                         "less than this probability (default 0: never)")
     parser.add_argument("--drafts", type=int, default=1, help="draft chains verified per target call "
                         "(default 1; more need --verify match or token and a whole-number K)")
-    parser.add_argument("--verify", choices=RULES, default="token",
+    parser.add_argument("--verify", choices=list(RULES), default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
@@ -72,13 +73,15 @@ def load(args):
     draft_is_model = uses_draft and args.draft != "ngram"
     if draft_is_model:
         checkpoint_file(args.draft, "config.json")
+    if uses_draft and args.draft == "ngram":
+        checks.ngram_max(args.ngram_max)
     ngram = NGramDraft(args.ngram_max) if uses_draft and args.draft == "ngram" else None
     target = load_model(args.target, args.dtype)
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
     draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
-        check_pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K or None)
+        checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K)
     return tokenizer, draft, target
 
 
@@ -93,7 +96,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
         out.write(texts[0])
     policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
-                            K=K_max(args), sampling=Sampling(args.temperature, args.top_k, args.top_p), eos_id=eos,
+                            K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p), eos_id=eos,
                             timing=timing, verify=args.verify, policy=policy, drafts=args.drafts):
         for b, step in enumerate(iteration):
             if step is None:
@@ -131,12 +134,10 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
-        Sampling(args.temperature, args.top_k, args.top_p)  # validate before loading anything
-        for name, value in [("K", K_max(args)), ("n-tokens", args.n_tokens)]:
-            if value < 1:
-                raise PicospecError(f"{name} must be >= 1, got {value}")
-        if not 0 <= args.confidence < 1:
-            raise PicospecError(f"confidence must be in [0, 1), got {args.confidence}")
+        checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
+        checks.positive("K", K_max(args))
+        checks.positive("n-tokens", args.n_tokens)
+        checks.confidence(args.confidence)
         texts = read_prompts(args)
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]

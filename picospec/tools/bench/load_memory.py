@@ -1,4 +1,4 @@
-"""`python -m picospec.tools.load_memory [MODEL ...]`: the peak resident memory of loading a checkpoint,
+"""`python -m picospec.tools.bench.load_memory [MODEL ...]`: the peak resident memory of loading a checkpoint,
 as a multiple of its weights' bytes, float32 and bfloat16, each in a fresh child process.
 
 Loading must never hold a second full copy of the weights: the promise is a peak below 1.3x. The
@@ -34,10 +34,10 @@ def peak_ratio(model: str, dtype: str) -> tuple[float, int]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m picospec.tools.load_memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench.load_memory", description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", default=["gpt2-xl"])
     args = parser.parse_args(argv)
-    from picospec.tools.gpt2_shapes import resolve  # the real checkpoint if cached, else a random one of its shape
+    from picospec.tools.bench.gpt2_shapes import resolve  # the real checkpoint if cached, else a random one of its shape
     for name in args.models:
         folder, real = resolve(name)
         for dtype in ("float32", "bfloat16"):

@@ -18,13 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.autoregressive import autoregressive_start, autoregressive_step
 from picospec.batch import batch_buffers, batch_step, in_batch, unfinished
-from picospec.draft import as_draft, check_pair
 from picospec.gpt2 import Model
-from picospec.sampling import Sampling, autoregressive_start, autoregressive_step
-from picospec.speculative import speculative_step, start
+from picospec.sampling import Sampling
+from picospec.speculative import start
 from picospec.state import Trace
+from picospec.tools import checks
 from picospec.tools.memory import check_memory, compiled_need
+from picospec.tools.samplers import plug_in
 
 
 @dataclass
@@ -74,14 +76,13 @@ def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
     return compiled, time.perf_counter() - t0
 
 
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, rule, drafts=1, policy=None):
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
     """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
     trace row each wrote (all [B]: the one read the host makes)."""
     active = unfinished(state, n_end)  # [B]
+    draft = in_batch(draft)
     state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: speculative_step(draft, target, row, K, sampling, eos_id, rule, in_batch(policy), drafts), s,
-        n_end),
-        state)
+        lambda row: step(draft, target, row, K, sampling, eos_id, verify), s, n_end), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
     return state, (active, unfinished(state, n_end), rows)
 
@@ -109,7 +110,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     chains a call (several.py)."""
     timing = timing or Timing()
     if draft is not None:
-        check_pair(draft, target, K, verify, drafts, policy)
+        checks.pair(draft, target, K, verify, drafts, policy is not None)
+    checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = jnp.asarray(n_prompt + n_tokens)
@@ -117,8 +119,9 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
     else:
-        models, options = (as_draft(draft, target), target), dict(K=K, eos_id=eos_id, rule=verify, drafts=drafts)
-        iteration = partial(speculative_iteration, policy=policy)  # its few numbers compile in as constants
+        draft, step, rule = plug_in(draft, target, K, verify, drafts, policy)
+        models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
+                                                                                  step=step)
         batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
     init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
     t0 = time.perf_counter()
@@ -166,10 +169,10 @@ def step_from_row(row: Trace, n_left: int, eos_id: int = -1) -> Step:
     tokens = cut([int(t) for t in row.drafted[:row.n_accepted]] + [int(row.extra)], n_left, eos_id)
     if not row.proposed:
         return Step(tokens, proposed=False)
-    block, k = bool(row.w.any()), int(row.k)  # only the block rule records weights; the others leave zeros
+    weighed, k = bool(row.w.any()), int(row.k)  # only the block rule records weights; the others leave zeros
     return Step(tokens, row.drafted[:k].tolist(), int(row.n_accepted), bool(row.bonus), row.p[:k].tolist(),
-                row.q[:k].tolist(), row.u[:k].tolist(), row.w[:k].tolist() if block else [],
-                row.h[:k].tolist() if block else [], k=k)
+                row.q[:k].tolist(), row.u[:k].tolist(), row.w[:k].tolist() if weighed else [],
+                row.h[:k].tolist() if weighed else [], k=k)
 
 
 def trace_steps(trace: Trace, n_tokens: int) -> list[Step]:

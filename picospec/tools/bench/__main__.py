@@ -1,0 +1,3 @@
+from picospec.tools.bench import main
+
+main()

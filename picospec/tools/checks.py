@@ -1,0 +1,118 @@
+"""Every check of what a user asks for, in one place: the CLI and the public entry points call these
+before anything runs, and the lesson assumes valid input, as picoGPT does. Each failure is one
+PicospecError whose message says what is wrong and what to do (the CLI prints it and exits with 2)."""
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from picospec.errors import PicospecError
+from picospec.gpt2 import Model
+from picospec.sampling import Sampling
+from picospec.several import CHAINS
+from picospec.verifiers import RULES
+
+
+def whole(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def sampling(temperature=1.0, top_k=0, top_p=1.0) -> Sampling:
+    """The Sampling these ask for, each number in one type, so that new values compile nothing."""
+    if not temperature >= 0:
+        raise PicospecError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not (whole(top_k) and top_k >= 0):
+        raise PicospecError(f"top-k must be a whole number >= 0 (0 keeps all), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise PicospecError(f"top-p must be in (0, 1] (1 keeps all), got {top_p}")
+    return Sampling(float(temperature), int(top_k), float(top_p))
+
+
+def positive(name: str, value: int):
+    if not value >= 1:
+        raise PicospecError(f"{name} must be >= 1, got {value}")
+
+
+def prompt(tokens, n: int, lookahead: int, config):
+    """A prompt of at least one token that fits the context with n tokens (and K drafts) after it."""
+    positive("n-tokens", n)
+    P = len(tokens)
+    if P < 1:
+        raise PicospecError("the prompt is empty: give at least one token (e.g. <|endoftext|>)")
+    if P + n + lookahead - 1 > config.n_positions:
+        extra = f" + K={lookahead}" if lookahead else ""
+        raise PicospecError(f"prompt ({P} tokens) + n-tokens ({n}){extra} exceeds the model's "
+                            f"context of {config.n_positions}; shorten the prompt or ask for fewer tokens")
+
+
+def prompts(rows, n: int, lookahead: int, config):
+    """`prompt` for each of a batch's prompts, naming the one at fault."""
+    if len(rows) == 0:
+        raise PicospecError("no prompts: give at least one")
+    for b, tokens in enumerate(rows):
+        try:
+            prompt(tokens, n, lookahead, config)
+        except PicospecError as e:
+            raise PicospecError(f"prompt {b + 1} of {len(rows)}: {e}") from None
+
+
+def eos(model: Model, stop_at_eos: bool) -> int:
+    """The token id to stop at, or -1 (no token) when not stopping."""
+    if not stop_at_eos:
+        return -1
+    if model.config.eos_token_id is None:
+        raise PicospecError("stop_at_eos needs the model's eos_token_id in its config.json")
+    return model.config.eos_token_id
+
+
+def context(tokens, model: Model):
+    """1 to n_positions tokens: past the context there is no position embedding."""
+    if not 1 <= len(tokens) <= model.config.n_positions:
+        raise PicospecError(f"logits takes 1 to {model.config.n_positions} tokens (the model's context), "
+                            f"got {len(tokens)}")
+
+
+def K(value):
+    if not (whole(value) and value >= 1):
+        raise PicospecError(f"K must be a whole number >= 1, got {value}")
+
+
+def confidence(value: float):
+    if not 0 <= value < 1:
+        raise PicospecError(f"confidence must be in [0, 1), got {value}")
+
+
+def ngram_max(value):
+    if not (whole(value) and value >= 1):
+        raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {value}")
+
+
+def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1, adaptive: bool = False):
+    """A model draft must share the target's vocabulary and context; K >= 1; a known verifier; several
+    drafts come from a model, with a fixed K and a rule that takes several (match, token)."""
+    K(K_max)
+    if rule not in RULES:
+        raise PicospecError(f"unknown verifier {rule!r}; use one of {', '.join(RULES)}")
+    if not (whole(drafts) and drafts >= 1):
+        raise PicospecError(f"drafts must be a whole number >= 1, got {drafts}")
+    if drafts > 1 and (RULES[rule] not in CHAINS or adaptive or not isinstance(draft, Model)):
+        raise PicospecError("several drafts need a draft model, a fixed K and --verify match or token "
+                            "(block verification judges one chain; the n-gram lookup has only one)")
+    if not isinstance(draft, Model):  # the n-gram draft
+        return ngram_max(draft.max_n)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise PicospecError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
+                            f"target's ({target.config.vocab_size}); pick a draft with the target's tokenizer")
+    if draft.config.n_positions < target.config.n_positions:
+        raise PicospecError(f"the draft's context ({draft.config.n_positions}) is shorter than the "
+                            f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
+
+
+def keys(value, B: int):
+    """One jax.random key per prompt."""
+    value = jnp.asarray(value) if not isinstance(value, jax.Array) else value
+    if not jnp.issubdtype(value.dtype, jax.dtypes.prng_key) or value.shape != (B,):
+        raise PicospecError(f"give one jax.random key per prompt: {B} keys, e.g. jax.random.split(key, {B}); "
+                            f"got {value.dtype} {tuple(value.shape)}")
+    return value

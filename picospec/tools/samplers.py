@@ -1,0 +1,117 @@
+"""The public entry points (`picospec.speculative_sample` and the rest): the lesson's samplers with
+their input checked (tools/checks.py), their options named (`verify="block"`, `drafts=2`, a
+`policy`) and turned into the lesson's plug-ins, and, for batches, the memory checked and the rows
+placed on devices."""
+
+import jax
+
+from picospec import autoregressive, gpt2, speculative
+from picospec.adaptive import AdaptiveDraft, adaptive_step, fixed
+from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
+from picospec.gpt2 import Model
+from picospec.ngram import NGramDraft
+from picospec.several import CHAINS, SeveralDrafts, several_step
+from picospec.speculative import ModelDraft, speculative_step
+from picospec.tools import checks
+from picospec.tools.memory import check_memory, memory_per_row
+from picospec.tools.sharding import place
+from picospec.verifiers import RULES
+
+
+def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None):
+    """The lesson's (draft, step, verify) for these options: the draft a Model or an NGramDraft, the
+    rule a name of verifiers.RULES, drafts the chains per call, policy an adaptive.Policy or None."""
+    verify = RULES[rule]
+    draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+    if drafts > 1:
+        return SeveralDrafts(draft, drafts), several_step, CHAINS[verify]
+    if policy is None and isinstance(draft, NGramDraft):
+        policy = fixed(K)  # a lookup may find nothing: it runs as a draft that proposes fewer than K
+    if policy is not None:
+        return AdaptiveDraft(draft, policy), adaptive_step, verify
+    return draft, speculative_step, verify
+
+
+def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
+                       top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1):
+    """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
+
+    A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
+    Args:
+      draft, target: Models sharing a vocabulary; or draft=picospec.NGramDraft(max_n) to look up n-grams.
+      prompt_tokens: int [P], P >= 1.
+      n_tokens: tokens to generate; P + n_tokens + K - 1 must fit in the target's n_positions.
+      key: a jax.random key; the same key gives the same tokens.
+      K: tokens drafted per iteration (>= 1).
+      temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
+      stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
+      verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
+      policy: an adaptive.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
+      drafts: N independent draft chains verified together (several.py; match or token, no policy).
+    Returns:
+      tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
+      trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
+    """
+    sampling = checks.sampling(temperature, top_k, top_p)
+    checks.pair(draft, target, K, verify, drafts, policy is not None)
+    checks.prompt(prompt_tokens, n_tokens, K, target.config)
+    checks.eos(target, stop_at_eos)
+    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy)
+    return speculative.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
+                                          temperature=sampling.temperature, top_k=sampling.top_k,
+                                          top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
+
+
+def autoregressive_sample(model: Model, prompt_tokens, n_tokens: int, key, *, temperature=1.0, top_k=0,
+                          top_p=1.0, stop_at_eos=False) -> jax.Array:
+    """Sample n_tokens from `model` one at a time (autoregressive.autoregressive_sample, checked)."""
+    sampling = checks.sampling(temperature, top_k, top_p)
+    checks.prompt(prompt_tokens, n_tokens, 0, model.config)
+    checks.eos(model, stop_at_eos)
+    return autoregressive.autoregressive_sample(model, prompt_tokens, n_tokens, key, temperature=sampling.temperature,
+                                                top_k=sampling.top_k, top_p=sampling.top_p, stop_at_eos=stop_at_eos)
+
+
+def logits(model: Model, tokens) -> jax.Array:
+    """gpt2.logits, checked: a full forward pass over 1 to n_positions tokens -> float32 logits [T, V]."""
+    checks.context(tokens, model)
+    return gpt2.logits(model, tokens)
+
+
+def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys, *, K=4, temperature=1.0,
+                             top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1,
+                             mesh=None):
+    """`speculative_sample` for B prompts at once: prompts is a list of B token lists (any lengths),
+    keys a [B] array of keys (e.g. jax.random.split(key, B)). Returns tokens int32 [B, n_tokens] and a
+    Trace whose every field has a leading [B]; row b is exactly what the single-prompt call gives.
+    policy, drafts: as for `speculative_sample`.
+    mesh: a jax.sharding.Mesh (picospec.tools.sharding.make_mesh) to split the rows, and the target's
+    weights, across devices."""
+    sampling = checks.sampling(temperature, top_k, top_p)
+    checks.pair(draft, target, K, verify, drafts, policy is not None)
+    checks.prompts(prompts, n_tokens, K, target.config)
+    eos_id = checks.eos(target, stop_at_eos)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
+    models = [m for m in (draft, target) if isinstance(m, Model)]
+    check_memory(drafts * len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
+    args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
+    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy)
+    if mesh is not None:
+        draft, target, args = place(mesh, draft, target, args)
+    out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,
+                                   step)
+    return out[:len(prompts)], jax.tree_util.tree_map(lambda x: x[:len(prompts)], trace)
+
+
+def autoregressive_sample_batch(model: Model, prompts, n_tokens: int, keys, *, temperature=1.0, top_k=0,
+                                top_p=1.0, stop_at_eos=False, mesh=None):
+    """`autoregressive_sample` for B prompts at once; returns int32 [B, n_tokens] (see above)."""
+    sampling = checks.sampling(temperature, top_k, top_p)
+    checks.prompts(prompts, n_tokens, 0, model.config)
+    eos_id = checks.eos(model, stop_at_eos)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0, model.config)
+    check_memory(len(prompts) * memory_per_row([model], max_len, 1), len(prompts))
+    args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
+    if mesh is not None:
+        _, model, args = place(mesh, None, model, args)
+    return autoregressive_batch(model, *args, n_tokens, sampling, prefill_len, max_len, eos_id)[:len(prompts)]

@@ -1,0 +1,3 @@
+from picospec.tools.train import main
+
+main()
