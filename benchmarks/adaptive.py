@@ -20,7 +20,8 @@ import picospec
 from picospec import theory
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
-from picospec.sampling import Sampling, buffers
+from picospec.autoregressive import buffers
+from picospec.sampling import Sampling
 from picospec.tools.cli.costs import auto_policy
 from picospec.tools.cli.options import AUTO_K_MAX
 from picospec.tools.bench.report import cpu_name

@@ -26,7 +26,6 @@ from pathlib import Path
 import jax
 
 import picospec
-import picospec.tools.bench.timing  # noqa: F401  (package.tools.timing below)
 from picospec.tools.bench.gpt2_shapes import resolve
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import race
@@ -42,9 +41,17 @@ def import_revision(rev: str, folder: Path):
     for path in (folder / "picospec_then").rglob("*.py"):
         path.write_text(re.sub(r"\bpicospec(?=[.\s]|$)", "picospec_then", path.read_text(), flags=re.M))
     sys.path.insert(0, str(folder))
-    package = importlib.import_module("picospec_then")
-    importlib.import_module("picospec_then.tools.timing")
-    return package
+    return importlib.import_module("picospec_then")
+
+
+def timing(package):
+    """The package's own timing module (tools/bench/timing.py, or tools/timing.py before tools/ was grouped)."""
+    for name in ("tools.bench.timing", "tools.timing"):
+        try:
+            return importlib.import_module(f"{package.__name__}.{name}")
+        except ImportError:
+            pass
+    raise ImportError(f"no timing module in {package.__name__}")
 
 
 def race_pair(packages: dict, draft_name: str, target_name: str, K: int, n_tokens: int, rounds: int) -> dict:
@@ -61,7 +68,7 @@ def race_pair(packages: dict, draft_name: str, target_name: str, K: int, n_token
     for _ in range(rounds):
         for tag, package in packages.items():
             own = {name: call for name, call in calls.items() if name.startswith(tag)}
-            for name, seconds in package.tools.timing.forward_times(own, capacity=64, rounds=2).items():
+            for name, seconds in timing(package).forward_times(own, capacity=64, rounds=2).items():
                 t[name] = min(seconds, t.get(name, seconds))
     return t | race(rounds=rounds, **runs)[0]
 

@@ -87,7 +87,7 @@ print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2
 # %%
 import matplotlib.pyplot as plt
 from picospec import theory
-from picospec.sampling import buffers
+from picospec.autoregressive import buffers
 from picospec.tools.bench.timing import forward_times, race
 
 plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs

@@ -38,8 +38,7 @@ import numpy as np
 
 import picospec
 from picospec import theory
-from picospec.speculative import verifier
-from picospec.verifiers import block_residuals
+from picospec.verifiers import RULES, block_residuals
 
 plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
 QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's shorter run
@@ -83,7 +82,7 @@ def kept_law(rule):  # P(keep 0, 1, 2 drafts) for this drafted block, from the r
 keys = jax.random.split(jax.random.key(0), 20_000)
 fig, ax = plt.subplots(figsize=(6.5, 2.6))
 for j, rule in enumerate(["match", "token", "block"]):
-    run = jax.vmap(lambda k: verifier(rule)(k, jax.random.fold_in(k, 1), jnp.array(d), jnp.float32(p), jnp.float32(q))[0])
+    run = jax.vmap(lambda k: RULES[rule](k, jax.random.fold_in(k, 1), jnp.array(d), jnp.float32(p), jnp.float32(q))[0])
     measured = np.bincount(np.asarray(run(keys)), minlength=3) / len(keys)
     ax.bar(np.arange(3) + 0.27 * (j - 1), kept_law(rule), 0.25, label=f"{rule} (computed)", alpha=0.75)
     ax.plot(np.arange(3) + 0.27 * (j - 1), measured, "k.", label="measured" if j == 2 else None)

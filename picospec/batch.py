@@ -1,8 +1,8 @@
 """Many prompts at once: one loop over a batch of rows, each row stepped by the single-prompt step.
 
 Each row is its own sequence, with its own prompt length, key, sequence length n and cache lengths.
-An iteration runs `speculative_step` (or `autoregressive_step`), the very function the single-prompt
-loop runs, vmapped over the rows: every weight product becomes one product over all B x T rows (one
+An iteration runs the step the single-prompt loop runs (`speculative_step`, a later chapter's, or
+`autoregressive_step`), vmapped over the rows: every weight product becomes one product over all B x T rows (one
 GEMM per weight, not B of them), and each row's cache write lands at its own position. The loop goes
 on while any row is unfinished; rows accept different numbers of drafts per iteration, reach n_tokens
 after different numbers of iterations, or stop at <|endoftext|>.

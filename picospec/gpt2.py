@@ -10,8 +10,7 @@ D = C // H, V = vocab_size.
 
 The cache is fixed buffers plus a length. A call writes its T keys/values at [length, length + T)
 with `lax.dynamic_update_slice` and returns length + T. Rolling back is setting the length back:
-slots at or beyond the length are stale, and the causal mask never lets a query see them. `peek`
-is a call that only reads the cache; `append` writes what it computed later.
+slots at or beyond the length are stale, and the causal mask never lets a query see them.
 """
 
 from dataclasses import dataclass

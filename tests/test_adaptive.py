@@ -14,7 +14,7 @@ from test_verifiers import (RESIDUALS, V, add, block_law, markov_target_law, mar
 
 import picospec
 from picospec import Sampling, adaptive, theory
-from picospec.speculative import verifier
+from picospec.verifiers import RULES
 
 POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
 
@@ -78,7 +78,7 @@ def test_each_rule_as_coded_reads_zero_rows_as_not_proposed(rule, law):
     """One proposed draft of K = 3 (p's other rows zero): the real function samples the K = 1 law."""
     P, Q = markov_tables(1)
     d, p, q = (2, 1, 3), np.stack([P[3], np.zeros(V), np.zeros(V)]), np.stack([Q[3], Q[2], Q[1], Q[0]])
-    run = jax.vmap(lambda k1, k2: verifier(rule)(k1, k2, jnp.array(d), jnp.float32(p), jnp.float32(q))[:2])
+    run = jax.vmap(lambda k1, k2: RULES[rule](k1, k2, jnp.array(d), jnp.float32(p), jnp.float32(q))[:2])
     a, extra = run(jax.random.split(jax.random.key(0), 20_000), jax.random.split(jax.random.key(1), 20_000))
     expected = law((2,), p[:1], q[:2])
     cells = {block: i for i, block in enumerate(expected)}

@@ -129,10 +129,10 @@ def test_the_estimate_covers_what_the_compiled_batch_allocates():
     """The batch entry points gate on memory_per_row; the compiled program's own memory_analysis
     must not need more (nor much less: the estimate would refuse batches that fit)."""
     from picospec.batch import batch_buffers, speculative_batch
-    from picospec.draft import as_draft
+    from picospec.speculative import ModelDraft
     rows = [[1, 2, 3]] * 8
     tokens, n_prompt, prefill_len, max_len = batch_buffers(rows, 100, 4, BIG_TARGET.config)
-    compiled = speculative_batch.lower(as_draft(BIG_DRAFT, BIG_TARGET), BIG_TARGET, tokens, n_prompt,
+    compiled = speculative_batch.lower(ModelDraft(BIG_DRAFT), BIG_TARGET, tokens, n_prompt,
                                        jax.random.split(jax.random.key(0), 8), 100, 4, Sampling(0.8), prefill_len,
                                        max_len, -1).compile()
     need, estimate = compiled_need(compiled), 8 * memory_per_row([BIG_DRAFT, BIG_TARGET], max_len, 5)
@@ -184,13 +184,13 @@ def test_an_iteration_writes_new_positions_and_copies_no_cache():
     """The batched loop selects only a finished row's small state; its caches take the step's writes.
     (A vmap of the one-row loop selects every cache buffer, every iteration: 4 here, 2 per model.)"""
     from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
-    from picospec.draft import as_draft
+    from picospec.speculative import ModelDraft
     target = random_model(n_layer=1, vocab_size=16, n_positions=64)
     draft = early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1)
     tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 2], [3], [4, 5, 6]], 8, 3, target.config)
     keys = jax.random.split(jax.random.key(0), 3)
     cache = f"tensor<3x{target.config.n_head}x{max_len}x{target.config.head_dim}xf32>"
-    spec = speculative_batch.lower(as_draft(draft, target), target, tokens, n_prompt, keys, 8, 3, Sampling(0.8),
+    spec = speculative_batch.lower(ModelDraft(draft), target, tokens, n_prompt, keys, 8, 3, Sampling(0.8),
                                    prefill_len, max_len, -1).as_text()
     ar = autoregressive_batch.lower(target, tokens, n_prompt, keys, 8, Sampling(0.8), prefill_len, max_len, -1).as_text()
     for text in (spec, ar):
@@ -200,5 +200,5 @@ def test_an_iteration_writes_new_positions_and_copies_no_cache():
     from picospec.speculative import speculative_loop
     vmapped = jax.jit(lambda d, t, x, n, k: jax.vmap(lambda x, n, k: speculative_loop(
         d, t, x, n, k, 8, 3, Sampling(0.8), prefill_len, max_len, -1))(x, n, k))
-    text = vmapped.lower(as_draft(draft, target), target, tokens, n_prompt, keys).as_text()
+    text = vmapped.lower(ModelDraft(draft), target, tokens, n_prompt, keys).as_text()
     assert len([line for line in text.splitlines() if "stablehlo.select" in line and cache in line]) == 4

@@ -14,7 +14,8 @@ from conftest import DATA
 
 import picospec
 from picospec.sampling import Sampling
-from picospec.tools import cli, costs, options
+from picospec.tools import cli
+from picospec.tools.cli import costs, options
 from picospec.tools.cli.show import show
 from picospec.tools.cli.stream import Step
 

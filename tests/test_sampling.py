@@ -10,6 +10,7 @@ from stats import PASS, chi_square_p
 import picospec
 from picospec import PicospecError, Sampling
 from picospec.sampling import logits_to_probs, sample
+from picospec.tools import checks
 
 LOGITS = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 
@@ -53,7 +54,7 @@ def test_top_k_then_top_p_compose_in_that_order():
 ])
 def test_bad_sampling_options_are_refused(kwargs, message):
     with pytest.raises(PicospecError, match=message):
-        Sampling(**kwargs)
+        checks.sampling(**kwargs)
 
 
 def test_autoregressive_first_token_follows_the_model_law():
@@ -107,10 +108,11 @@ def test_sample_draws_the_law_and_never_a_zero_probability_token():
 
 
 def test_numpy_integers_are_whole_numbers_for_top_k():
-    sampling = Sampling(1.0, np.int64(3))
-    assert sampling == Sampling(1.0, 3) and type(sampling.top_k) is int and hash(sampling) == hash(Sampling(1.0, 3))
+    sampling = checks.sampling(1, np.int64(3))
+    assert sampling == Sampling(1.0, 3) and type(sampling.top_k) is int and type(sampling.temperature) is float
+    assert hash(sampling) == hash(Sampling(1.0, 3))
     with pytest.raises(PicospecError, match="top-k must be a whole number"):
-        Sampling(1.0, 2.5)
+        checks.sampling(1.0, 2.5)
 
 
 def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):

@@ -14,7 +14,8 @@ from test_verifiers import V, add, markov_target_law, markov_tables, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.several import RULES
+from picospec.several import CHAINS
+from picospec.verifiers import RULES
 
 
 def rrs_law(chains, x, P, Q, reuse_q=False):
@@ -104,7 +105,9 @@ def test_each_rule_as_coded_draws_its_exact_law(rule, law):
     chains, x = [(2, 0), (2, 3), (1, 1)], 3
     p = np.stack([np.stack([P[((x,) + c)[i]] for i in range(2)]) for c in chains])  # [N, K, V]
     q = np.stack([np.stack([Q[((x,) + c)[i]] for i in range(3)]) for c in chains])  # [N, K+1, V]
-    run = jax.vmap(lambda k1, k2: RULES[rule](k1, k2, jnp.array(chains), jnp.float32(p), jnp.float32(q)))
+    rule = CHAINS[RULES[rule]]  # the N-chain form of the rule of that name
+    run = jax.vmap(lambda k1, k2: (lambda j, verdict: (j, *verdict[:2]))(*rule(k1, k2, jnp.array(chains),
+                                                                             jnp.float32(p), jnp.float32(q))))
     j, a, extra = run(jax.random.split(jax.random.key(0), 20_000), jax.random.split(jax.random.key(1), 20_000))
     expected = law(chains, x, P, Q)
     cells = {block: i for i, block in enumerate(expected)}

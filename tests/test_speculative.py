@@ -12,6 +12,7 @@ from stats import FAIL, PASS, chi_square_p
 import picospec
 from picospec import PicospecError, Sampling, speculative
 from picospec.sampling import logits_to_probs, sample
+from picospec.verifiers import RULES
 
 V = 6
 N_SAMPLES = 20_000
@@ -51,8 +52,8 @@ RIGHT_SAMPLER = speculative.accept_or_resample
 
 def wrong_accept_or_resample(key_accept, key_extra, drafted, p, q, greedy=False):
     """A known-wrong sampler for the controls: it resamples from q instead of max(0, q - p)."""
-    a, _, *rest = RIGHT_SAMPLER(key_accept, key_extra, drafted, p, q, greedy)
-    return a, sample(key_extra, q[a], greedy), *rest
+    verdict = RIGHT_SAMPLER(key_accept, key_extra, drafted, p, q, greedy)
+    return verdict._replace(extra=sample(key_extra, q[verdict.n_accepted], greedy))
 
 
 @pytest.mark.parametrize("case", PAIRS)
@@ -73,7 +74,7 @@ def test_residual_never_produces_nan_when_p_equals_q():
     a, extra, *_ = speculative.accept_or_resample(jax.random.key(0), jax.random.key(1), jnp.array([0]),
                                                   jnp.ones((1, V)) / V, jnp.stack([q, q]))
     assert int(a) == 0 and int(extra) == 5
-    a, extra, p_x, q_x, u = speculative.accept_or_resample(jax.random.key(0), jax.random.key(1),
+    a, extra, p_x, q_x, u, *_ = speculative.accept_or_resample(jax.random.key(0), jax.random.key(1),
                                                            jnp.array([3]), p[None], jnp.stack([p, p]))
     assert int(a) == 1 and np.isfinite([p_x, q_x, u]).all()
 
@@ -124,7 +125,7 @@ def test_whole_loop_controls_draft_law_and_wrong_residual_are_detected(monkeypat
     # Control 1: the draft's own law is not the target's, and the test can tell.
     assert chi_square_p(speculative_triples(K=2, temperature=1.0), target_law(Sampling(1.0), DRAFT)) < FAIL
     # Control 2: the loop with a wrong residual fails the same test.
-    monkeypatch.setattr(speculative, "accept_or_resample", wrong_accept_or_resample)
+    monkeypatch.setitem(RULES, "token", wrong_accept_or_resample)
     jax.clear_caches()
     try:
         assert chi_square_p(speculative_triples(K=2, temperature=1.0), law) < FAIL

@@ -13,7 +13,7 @@ from test_speculative import DRAFT, TARGET, speculative_triples, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.speculative import verifier
+from picospec.verifiers import RULES
 from picospec.verifiers import block_residuals
 
 V = 4
@@ -138,7 +138,7 @@ def test_each_rule_as_coded_draws_its_exact_law(rule, law):
     P, Q = markov_tables(1)
     d, K = (2, 0), 2
     p, q = np.stack([P[3], P[2]]), np.stack([Q[3], Q[2], Q[0]])
-    run = jax.vmap(lambda k1, k2: verifier(rule)(k1, k2, jnp.array(d), jnp.float32(p), jnp.float32(q))[:2])
+    run = jax.vmap(lambda k1, k2: RULES[rule](k1, k2, jnp.array(d), jnp.float32(p), jnp.float32(q))[:2])
     a, extra = run(jax.random.split(jax.random.key(0), 20_000), jax.random.split(jax.random.key(1), 20_000))
     cells = {block: i for i, block in enumerate(law(d, p, q))}
     index = np.array([cells[d[:int(n)] + (int(y),)] for n, y in zip(a, extra)])

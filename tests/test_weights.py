@@ -15,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 import picospec
 from picospec import PicospecError
 from picospec.gpt2 import init_params
-from picospec.tools import weights
+from picospec.tools.checkpoints import weights
 from picospec.tools.bench.load_memory import peak_ratio
 from picospec.tools.checkpoints.config import config_json
 from picospec.tools.checkpoints.tensors import checkpoint_tensors
