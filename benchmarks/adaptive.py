@@ -7,7 +7,7 @@
 Each contender generates n tokens after each prompt with a few keys (speculative_sample's compiled
 loop); each run keeps its fastest of `rounds` rounds, and in every round each run is taken by all
 the contenders in turn, in a shuffled order, so a slow spell of the shared machine hits them alike. auto compiles for
-K_max = 7 (the CLI's) and reads its iteration times from tools/costs.py.
+K_max = 7 (the CLI's) and reads its iteration times from tools/cli/costs.py.
 """
 
 import argparse

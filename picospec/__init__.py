@@ -6,8 +6,13 @@ from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.state import Trace
 from picospec.tools.checkpoints.weights import load_model, load_tokenizer
-from picospec.tools.samplers import (autoregressive_sample, autoregressive_sample_batch, logits, speculative_sample,
-                                     speculative_sample_batch)
+from picospec.tools.samplers import (
+                                     autoregressive_sample,
+                                     autoregressive_sample_batch,
+                                     logits,
+                                     speculative_sample,
+                                     speculative_sample_batch,
+)
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",

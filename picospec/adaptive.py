@@ -10,8 +10,8 @@ compiled loop (shapes stay those of K):
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
-`adaptive_step` then has the target score only the k + 1 positions it needs (score_first), and a
-draft that proposes nothing (k = 0: the n-gram lookup that finds nothing) costs one plain step.
+`adaptive_step` has the target score only the k + 1 positions it needs (score_first); a draft that
+proposes nothing (k = 0: the n-gram lookup that finds nothing) costs one plain step.
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification
 coin. Stopping after k drafts is the draft proposing, at position k, a "stop" token the target gives
@@ -21,7 +21,7 @@ run unchanged; a draft that stopped leaves rows of p at zero, which they read as
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +72,8 @@ def choose_k(policy: Policy, successes, failures):
     return jnp.argmax(tokens / (k * policy.c + policy.v)).astype(jnp.int32) + 1
 
 
-def own(x):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
-    return x
+def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
+    return k
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree"])
@@ -99,6 +99,15 @@ class AdaptiveDraft:
         return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0), k=k)
 
 
+class Drafting(NamedTuple):  # propose_up_to's loop state
+    i: jax.Array  # int32 []: the newest draft d_i
+    k: jax.Array  # int32 []: drafts this row proposed (in a batch it stops growing when the row stops)
+    cache: KVCache  # the draft's
+    drafted: jax.Array  # int32 [K], and p float32 [K, V]: rows past the last draft are zero
+    p: jax.Array
+    going: jax.Array  # bool []: this row drafts another
+
+
 def propose_up_to(draft: Model, tokens, n, cache: KVCache, key, K: int, k, threshold, sampling: Sampling,
                   agree) -> Proposal:
     """Step 1, stopping early: draft d_0, d_1, ... while fewer than k (int32 [], <= K) are drafted and
@@ -107,25 +116,21 @@ def propose_up_to(draft: Model, tokens, n, cache: KVCache, key, K: int, k, thres
     keys, greedy = jax.random.split(key, K), sampling.greedy
     p_0, cache = catch_up(draft, tokens, n, cache, sampling)
     d_0 = sample(keys[0], p_0, greedy)
-    drafted = jnp.zeros(K, jnp.int32).at[0].set(d_0)  # [K]
-    p = jnp.zeros((K,) + p_0.shape, p_0.dtype).at[0].set(p_0)  # [K, V]
 
     def go_on(i, d_i, p_i):  # after d_i: draft another?
         return (i + 1 < k) & (p_i[d_i] >= threshold)
 
-    def draft_step(carry):  # feed d_i, sample d_{i+1} from p[i+1]; a row that stopped drops it
-        i, n_drafted, cache, drafted, p, drafting = carry
-        logits, cache = forward(draft, drafted[i][None], cache)  # [1, V]
+    def draft_step(s: Drafting) -> Drafting:  # feed d_i, sample d_{i+1} from p[i+1]; a row that stopped drops it
+        logits, cache = forward(draft, s.drafted[s.i][None], s.cache)  # [1, V]
         p_next = logits_to_probs(logits[0], sampling)
-        d_next = sample(keys[i + 1], p_next, greedy)
-        drafted = drafted.at[i + 1].set(jnp.where(drafting, d_next, 0))
-        p = p.at[i + 1].set(jnp.where(drafting, p_next, 0.0))
-        return i + 1, n_drafted + drafting, cache, drafted, p, drafting & go_on(i + 1, d_next, p_next)
+        d_next = sample(keys[s.i + 1], p_next, greedy)
+        return Drafting(s.i + 1, s.k + s.going, cache, s.drafted.at[s.i + 1].set(jnp.where(s.going, d_next, 0)),
+                        s.p.at[s.i + 1].set(jnp.where(s.going, p_next, 0.0)), s.going & go_on(s.i + 1, d_next, p_next))
 
-    carry = (jnp.int32(0), jnp.int32(1), cache, drafted, p, go_on(0, d_0, p_0))
-    _, n_drafted, cache, drafted, p, _ = jax.lax.while_loop(lambda c: agree(c[5].astype(jnp.int32)) > 0,
-                                                            draft_step, carry)
-    return Proposal(drafted, p, cache, n_drafted)
+    start = Drafting(jnp.int32(0), jnp.int32(1), cache, jnp.zeros(K, jnp.int32).at[0].set(d_0),
+                     jnp.zeros((K,) + p_0.shape, p_0.dtype).at[0].set(p_0), go_on(0, d_0, p_0))
+    s = jax.lax.while_loop(lambda s: agree(s.going.astype(jnp.int32)) > 0, draft_step, start)
+    return Proposal(s.drafted, s.p, s.cache, s.k)
 
 
 def attention_apart(q, k, v, k_cache, v_cache, q_pos):
@@ -157,46 +162,45 @@ def append(cache: KVCache, keys, values) -> KVCache:
                    cache.length + keys[0].shape[1])
 
 
-def block_sizes(K: int) -> list[int]:
+def score_sizes(K: int) -> list[int]:
     """The numbers of positions score_first compiles for up to K drafts: 1, 2, 4, 8, ... and K + 1."""
-    return [rows for rows in (2 ** i for i in range(K.bit_length() + 1)) if rows < K + 1] + [K + 1]
+    return [size for size in (2 ** i for i in range(K.bit_length() + 1)) if size < K + 1] + [K + 1]
 
 
 def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own):
-    """Step 2 when only d_0..d_{k-1} were proposed: score the smallest block of block_sizes(K) that
-    holds those k + 1 positions (lax.switch runs one compiled branch per size; a few sizes, since every
+    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K) that
+    hold those k + 1 (lax.switch runs one compiled branch per size; a few sizes, since every
     branch costs a little even when it does not run). Returns q [K+1, V] with zero rows past k. The
     branches only read the cache (peek) and it is written once after them: a branch that wrote it
     would make XLA copy every cache buffer on each call."""
     K = proposal.drafted.shape[0]
     k = agree(proposal.k)
 
-    def first(rows):  # x[n-1], d_0..d_{rows-2}: the drafts past k are padding, after every real one
+    def first(size):  # x[n-1], d_0..d_{size-2}: the drafts past k are padding, after every real one
         def run(cache):
-            q, (keys, values) = score(target, tokens, n, proposal._replace(drafted=proposal.drafted[:rows - 1]),
-                                      cache, sampling, forward=peek)  # [rows, V], n_layer x [H, rows, D]
-            pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - rows), (0, 0)))  # noqa: E731  [H, K+1, D]
-            return jnp.pad(q, ((0, K + 1 - rows), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
+            q, (keys, values) = score(target, tokens, n, proposal._replace(drafted=proposal.drafted[:size - 1]),
+                                      cache, sampling, forward=peek)  # [size, V], n_layer x [H, size, D]
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - size), (0, 0)))  # noqa: E731  [H, K+1, D]
+            return jnp.pad(q, ((0, K + 1 - size), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
         return run
 
-    sizes = block_sizes(K)
-    branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 rows
-    q, keys, values = jax.lax.switch(branch, [first(rows) for rows in sizes], cache)  # [K+1, V], ...
+    sizes = score_sizes(K)
+    branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 positions
+    q, keys, values = jax.lax.switch(branch, [first(size) for size in sizes], cache)  # [K+1, V], ...
     q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
     return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps
 
 
-def unless_nothing(verify, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
+def or_target_alone(verify, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
     """`verify`; or, when nothing was proposed (every row of p zero), the target's own next token,
     drawn from q[0] as autoregressive_step draws it from key_extra."""
     verdict = verify(key_accept, key_extra, drafted, p, q, greedy)
     alone = Verdict(jnp.int32(0), sample(jax.random.split(key_extra)[1], q[0], greedy), 0.0, 0.0, 0.0, 0.0, 0.0)
-    nothing = ~jnp.any(p > 0)
-    return jax.tree_util.tree_map(lambda mine, target_alone: jnp.where(nothing, target_alone, mine), verdict, alone)
+    return jax.tree_util.tree_map(lambda mine, its: jnp.where(jnp.any(p > 0), mine, its), verdict, alone)
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):
     """speculative_step for a draft that proposes k <= K tokens: the target scores only the k + 1
     positions it needs, and an iteration with nothing proposed is one autoregressive step of the target."""
-    return speculative_step(draft, target, state, K, sampling, eos_id, partial(unless_nothing, verify),
+    return speculative_step(draft, target, state, K, sampling, eos_id, partial(or_target_alone, verify),
                             partial(score_first, agree=draft.agree))

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 @dataclass(frozen=True)
 class GPT2Config:
     n_layer: int = 12  # transformer blocks

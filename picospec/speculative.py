@@ -183,20 +183,18 @@ def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
                        top_k=0, top_p=1.0, stop_at_eos=False, verify=accept_or_resample, step=speculative_step):
-    """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
+    """Sample n_tokens from `target`, with `draft` proposing K tokens per target call. A pure function
+    of its inputs: jax.jit and jax.vmap (over key) both work.
 
-    A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
     Args:
-      draft: a Model sharing the target's vocabulary, or any draft (ModelDraft, ngram.NGramDraft, ...).
-      target: the Model whose law the output follows.
+      draft, target: Models sharing a vocabulary; the draft may be any draft (ngram.py, adaptive.py).
       prompt_tokens: int [P], P >= 1.
       n_tokens: tokens to generate (>= 1); P + n_tokens + K - 1 must fit in the target's n_positions.
       key: a jax.random key; the same key gives the same tokens.
       K: tokens drafted per iteration (>= 1).
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
-      verify: steps 3 and 4 (verifiers.py holds the others; all are lossless).
-      step: one iteration (a later chapter's, for its own kind of draft).
+      verify, step: steps 3 and 4, and one iteration (a later chapter's, for its own kind of draft).
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).

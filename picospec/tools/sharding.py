@@ -15,7 +15,8 @@ import dataclasses
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model

@@ -24,16 +24,16 @@ import jax
 import numpy as np
 
 from picospec import theory
+from picospec.autoregressive import buffers
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
-from picospec.autoregressive import buffers
-from picospec.tools.samplers import autoregressive_sample, speculative_sample
 from picospec.tools.bench.batch import batch_report
 from picospec.tools.bench.gpt2_shapes import resolve
 from picospec.tools.bench.reference import torch_device, transformers_assisted, transformers_decode
 from picospec.tools.bench.report import cpu_name, markdown
 from picospec.tools.bench.timing import forward_times, race, startup_times, stream_1GiB
 from picospec.tools.checkpoints.weights import checkpoint_file, load_model, load_tokenizer
+from picospec.tools.samplers import autoregressive_sample, speculative_sample
 
 GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
 # jaymody/speculative-sampling's published run: GPT-2 124M drafting for 1558M, K = 4, greedy, 40 tokens,

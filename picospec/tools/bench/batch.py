@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from picospec import theory
-from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.tools.bench.timing import race
+from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
 
 
 def ragged_prompts(B: int) -> list[list[int]]:

@@ -37,7 +37,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench.load_memory", description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", default=["gpt2-xl"])
     args = parser.parse_args(argv)
-    from picospec.tools.bench.gpt2_shapes import resolve  # the real checkpoint if cached, else a random one of its shape
+    from picospec.tools.bench.gpt2_shapes import (
+        resolve,  # the real checkpoint if cached, else a random one of its shape
+    )
     for name in args.models:
         folder, real = resolve(name)
         for dtype in ("float32", "bfloat16"):

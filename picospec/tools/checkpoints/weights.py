@@ -11,9 +11,8 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from huggingface_hub import constants
+from huggingface_hub import constants, hf_hub_download
 from huggingface_hub import errors as hub_errors
-from huggingface_hub import hf_hub_download
 from tokenizers import Tokenizer
 
 from picospec import fastpath

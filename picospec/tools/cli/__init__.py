@@ -16,11 +16,25 @@ import jax
 from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
 from picospec.tools import checks
-from picospec.tools.checkpoints.weights import (DTYPES, check_tokenizer, checkpoint_file, eos_token_id, load_model,
-                                                load_tokenizer)
+from picospec.tools.checkpoints.weights import (
+    DTYPES,
+    check_tokenizer,
+    checkpoint_file,
+    eos_token_id,
+    load_model,
+    load_tokenizer,
+)
 from picospec.tools.cli.jit_cache import use_persistent_cache
-from picospec.tools.cli.options import (AUTO_K_MAX, K_max, describe, k_used, k_value, make_policy, read_prompts,
-                                        use_platform)
+from picospec.tools.cli.options import (
+    AUTO_K_MAX,
+    K_max,
+    describe,
+    k_used,
+    k_value,
+    make_policy,
+    read_prompts,
+    use_platform,
+)
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
 from picospec.verifiers import RULES

@@ -25,10 +25,10 @@ import optax
 
 from picospec import fastpath
 from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
-from picospec.tools.samplers import speculative_sample
 from picospec.tools.checkpoints.config import config_json
-from picospec.tools.train.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
 from picospec.tools.checkpoints.weights import load_model, save_checkpoint
+from picospec.tools.samplers import speculative_sample
+from picospec.tools.train.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
 
 CONTEXT = 256
 # The bundled pair: a 6 x 384 target, large enough that one call costs more than the loop
@@ -142,7 +142,7 @@ def main(argv=None):
         log(f"the target from {args.target_from}")
         target = as_stored(load_model(args.target_from, "float32"))
         if target.config != TARGET:
-            raise SystemExit(f"picospec.train: {args.target_from} is not a {TARGET.n_layer} x {TARGET.n_embd} target")
+            raise SystemExit(f"picospec.tools.train: {args.target_from} is not a {TARGET.n_layer} x {TARGET.n_embd} target")
     else:
         log("training the target")
         target = as_stored(train(TARGET, train_tokens, args.target_steps, args.seed, TARGET_LR, log=log))

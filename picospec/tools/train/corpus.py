@@ -15,7 +15,7 @@ def corpus() -> tuple[str, str]:
     try:
         raw = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        raise SystemExit("picospec.train: the corpus needs Debian's bible-kjv (apt-get install bible-kjv)")
+        raise SystemExit("picospec.tools.train: the corpus needs Debian's bible-kjv (apt-get install bible-kjv)")
     chapters = {}
     for line in raw.splitlines():
         if m := re.match(r"(\w+?\d*:)(\d+) (.*)", line):  # "Ge1:1 In the beginning ..."
