@@ -97,6 +97,22 @@ def test_several_drafts_give_the_targets_law_exactly_and_more_drafts_keep_more(N
     assert error(rrs_law, 2, 0, reuse_q=True) > 1e-3
 
 
+def test_the_rule_needs_independent_chains():
+    """N copies of one chain are not N draws from p: the law comes out wrong (several.py's docstring),
+    so nobody should deduplicate or copy chains before verifying them."""
+    def copies(rule, x, K, P, Q):  # every draw of one chain, verified as if N = 2 had been drawn
+        law = {}
+        for chain in itertools.product(range(V), repeat=K):
+            chance = np.prod([P[((x,) + chain)[i]][chain[i]] for i in range(K)])
+            for block, prob in rule([chain, chain], x, P, Q).items():
+                add(law, block, chance * prob)
+        return law
+    for seed in (1, 2):  # errors of 0.05 and 0.04, where the independent chains' are below 1e-6
+        P, Q = markov_tables(seed)
+        law, target = stream_law(rrs_law, 0, 3, 2, P, Q, {}, copies), markov_target_law(0, 3, Q)
+        assert max(abs(law.get(s, 0.0) - target[s]) for s in target) > 1e-2, seed
+
+
 @pytest.mark.parametrize("rule, law", [("token", rrs_law), ("match", match_several_law)])
 def test_each_rule_as_coded_draws_its_exact_law(rule, law):
     """The real function, for two fixed chains that share their first draft: (chain's accepted
