@@ -5,6 +5,7 @@ model.safetensors or, sharded, model.safetensors.index.json and the shards it li
 is read (tensors.py); nothing is ever unpickled.
 """
 
+import importlib.resources
 import json
 import re
 from pathlib import Path
@@ -27,8 +28,8 @@ HUB_REPOS = {
     "gpt2-large": "openai-community/gpt2-large", "774M": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl", "1558M": "openai-community/gpt2-xl",
 }
-BUNDLED_DIR = Path(__file__).resolve().parents[3] / "weights"  # holds tiny-draft, tiny-target
-BUNDLED = ("tiny-draft", "tiny-target")
+BUNDLED = ("tiny-draft", "tiny-target")  # in weights/, which the wheel ships as the package picospec.weights
+BUNDLED_DIR = Path(str(importlib.resources.files("picospec.weights")))
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 
