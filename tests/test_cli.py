@@ -4,6 +4,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import picospec
 from picospec.sampling import Sampling
 from picospec.tools import cli
 from picospec.tools.cli import costs, options
+from picospec.tools.cli.picture import DPI, figure_size
 from picospec.tools.cli.show import show
 from picospec.tools.cli.stream import Step
 
@@ -309,6 +311,26 @@ def test_the_device_is_named_in_the_summary_and_the_json(capsys):
 def test_a_platform_that_is_not_here_is_one_line_exit_2(capsys, platform):
     code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--platform", platform)
     assert code == 2 and err.count("\n") == 1 and f"no {platform} here" in err and "--platform" in err, err
+
+
+def test_plot_writes_the_grid_of_every_iteration(capsys, tmp_path):
+    path = tmp_path / "grid.png"
+    code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--K", "3", "--temperature",
+                           "0.8", "--json", "--plot", str(path))
+    assert code == 0
+    png = path.read_bytes()
+    width, height = struct.unpack(">II", png[16:24])  # the PNG header's size
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (width, height) == tuple(round(x * DPI) for x in figure_size(json.loads(out)["stats"]["n_steps"], 3))
+
+
+def test_plot_without_matplotlib_or_for_autoregressive_is_one_line_exit_2(capsys, monkeypatch, tmp_path):
+    code, _, err = run_cli(capsys, *PAIR, "--mode", "autoregressive", "--plot", str(tmp_path / "a.png"))
+    assert code == 2 and err.count("\n") == 1 and "--plot draws the speculative run" in err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
+    code, _, err = run_cli(capsys, *PAIR, "--plot", str(tmp_path / "a.png"))
+    assert code == 2 and err.count("\n") == 1 and '--plot needs matplotlib: pip install -e ".[plot]"' in err, err
+    assert not (tmp_path / "a.png").exists()
 
 
 def test_verify_block_reports_its_rule_and_weights_and_a_bad_rule_is_one_line(capsys):

@@ -11,7 +11,7 @@ from test_speculative import N_SAMPLES, PROMPT, TARGET, V, target_law
 import picospec
 from picospec import NGramDraft, Sampling
 from picospec.ngram import lookup
-from picospec.tools.cli.show import VERDICT_COLOURS, coloured_text, extra_kind, step_table
+from picospec.tools.cli.show import HTML_COLOURS, coloured_text, decisions, extra_kind
 from picospec.tools.cli.stream import Step
 
 
@@ -84,6 +84,9 @@ def test_display_names_a_plain_target_step_target_not_resample():
     plain, resampled = Step([2], proposed=False), Step([1, 2], drafted=[1, 3], accepted=1, p=[.5, .5], q=[.5, .1],
                                                        u=[.1, .9])
     assert (extra_kind(plain), extra_kind(resampled)) == ("target", "resample")
-    assert ">target<" in step_table(plain, Letters(), 0) and "resample" not in step_table(plain, Letters(), 0)
+    assert decisions(plain, Letters()).endswith("target") and "resample" not in decisions(plain, Letters())
+    assert decisions(resampled, Letters()).endswith("resample")
     text = coloured_text([plain], Letters())
-    assert VERDICT_COLOURS["target"] in text and VERDICT_COLOURS["resample"] not in text
+    assert HTML_COLOURS["target"] in text and HTML_COLOURS["resample"] not in text
+    text = coloured_text([resampled], Letters())  # the rejected guess d_1 = "d", struck through, then "c"
+    assert '<s style="background:#f7c5c5">d</s><span style="background:#fbe7a1">c</span>' in text

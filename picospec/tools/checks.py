@@ -83,6 +83,20 @@ def confidence(value: float):
         raise PicospecError(f"confidence must be in [0, 1), got {value}")
 
 
+def plot(path: str | None, mode: str):
+    """--plot draws speculative decisions, with matplotlib (the plot extra), into a PNG file."""
+    if path is None:
+        return
+    if mode == "autoregressive":
+        raise PicospecError("--plot draws the speculative run's decisions; use --mode speculative or compare")
+    if not path.lower().endswith(".png"):
+        raise PicospecError(f"--plot writes a PNG: give a file name ending in .png, not {path!r}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PicospecError('--plot needs matplotlib: pip install -e ".[plot]" (or leave --plot out)') from None
+
+
 def ngram_max(value):
     if not (whole(value) and value >= 1):
         raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {value}")

@@ -10,6 +10,7 @@ batch of one).
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import jax
 
@@ -35,6 +36,7 @@ from picospec.tools.cli.options import (
     read_prompts,
     use_platform,
 )
+from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
 from picospec.verifiers import RULES
@@ -70,6 +72,8 @@ def parse_args(argv):
                         "an accelerator when one is installed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of streaming text (one object; "
                         "a batch: one line per row as it finishes, then one with the summary)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw every iteration's accept and reject as a grid "
+                        "(a batch: one file per prompt, FILE-1.png, FILE-2.png, ...); needs matplotlib")
     parser.error = lambda message: _fail(message)  # one line, exit code 2: no usage dump
     return parser.parse_args(argv)
 
@@ -131,6 +135,10 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
+    if args.plot and mode == "speculative":
+        for b, row in enumerate(steps):
+            path = args.plot if B == 1 else str(Path(args.plot).with_stem(f"{Path(args.plot).stem}-{b + 1}"))
+            draw(row, tokenizer, K_max(args), f"Every iteration's accept and reject: {texts[b]!r}"[:90]).savefig(path)
     return records, stats
 
 
@@ -152,6 +160,7 @@ def main(argv=None) -> int:
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)
         checks.confidence(args.confidence)
+        checks.plot(args.plot, args.mode)
         texts = read_prompts(args)
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]

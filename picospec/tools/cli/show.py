@@ -4,6 +4,7 @@ each row's record and summary line, and the batch's), and the same for a noteboo
 import html
 import os
 
+from picospec.tools.cli.picture import verdicts
 from picospec.tools.cli.stream import Step, extra_kind
 
 COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
@@ -70,51 +71,36 @@ def summary(mode: str, stats: dict, what: str = "") -> str:
             + (f"; {stats['device']['kind']} ({stats['device']['platform']})" if "device" in stats else ""))
 
 
-# ---- in a notebook: every accept/reject decision as HTML ----
+# ---- in a notebook ----
 
-VERDICT_COLOURS = {"accepted": "#c8f7c5", "rejected": "#f7c5c5", "resample": "#fbe7a1",
-                   "bonus": "#b9d7f7", "dropped": "#eeeeee", "target": "#dddddd"}
-
-
-def verdicts(step: Step) -> list[str]:
-    """One verdict per drafted token: accepted, then rejected at the first miss, then dropped."""
-    a = step.accepted
-    return ["accepted"] * a + (["rejected"] + ["dropped"] * (len(step.drafted) - a - 1) if a < len(step.drafted) else [])
+HTML_COLOURS = {"accepted": "#c8f7c5", "rejected": "#f7c5c5", "resample": "#fbe7a1", "bonus": "#b9d7f7",
+                "target": "#eeeeee"}
 
 
-def step_table(step: Step, tokenizer, index: int) -> str:
-    """HTML: each drafted token with p, q, q/p, the uniform u and its verdict, then the extra token."""
-    def cell(text, verdict):
-        return f'<td style="background:{VERDICT_COLOURS[verdict]};font-family:monospace">{text}</td>'
-
-    def show(token):
-        return html.escape(repr(tokenizer.decode([token]))[1:-1])
-
-    rows = {"i": [], "token": [], "p (draft)": [], "q (target)": [], "q/p": [], "u": [], "verdict": []}
-    for i, (d, p, q, u, verdict) in enumerate(zip(step.drafted, step.p, step.q, step.u, verdicts(step))):
-        rows["i"].append(cell(f"d_{i}", verdict))  # 0-based, as in speculative.py
-        rows["token"].append(cell(show(d), verdict))
-        for name, value in [("p (draft)", p), ("q (target)", q), ("q/p", q / p), ("u", u)]:
-            rows[name].append(cell(f"{value:.3g}" if verdict != "dropped" else "", verdict))  # 3 significant figures
-        rows["verdict"].append(cell(verdict, verdict))
-    extra = extra_kind(step)
-    rows["i"].append(cell("extra", extra))
-    rows["token"].append(cell(show(step.tokens[-1]) if len(step.tokens) > step.accepted else "(cut)", extra))
-    for name in ["p (draft)", "q (target)", "q/p", "u"]:
-        rows[name].append(cell("", extra))
-    rows["verdict"].append(cell(extra, extra))
-    body = "".join(f"<tr><th>{name}</th>{''.join(cells)}</tr>" for name, cells in rows.items())
-    return f"<p><b>iteration {index}</b>: {step.accepted} of {len(step.drafted)} accepted</p><table>{body}</table>"
+def decisions(step: Step, tokenizer) -> str:
+    """One iteration's decisions as plain text: each drafted token with p, q, q/p, u and its verdict,
+    then the token the target added."""
+    lines = [f"{'':6}{'token':>12}{'p (draft)':>11}{'q (target)':>11}{'q/p':>8}{'u':>8}  verdict"]
+    for i, (d, p, q, verdict) in enumerate(zip(step.drafted, step.p, step.q, verdicts(step))):
+        numbers = f"{p:11.3g}{q:11.3g}{q / p:8.3g}{step.u[i] if step.u else 0:8.3g}" if verdict != "dropped" else ""
+        lines.append(f"{'d_' + str(i):6}{tokenizer.decode([d])!r:>12}{numbers:38}  {verdict}")
+    extra = repr(tokenizer.decode(step.tokens[-1:])) if len(step.tokens) > step.accepted else "(cut)"
+    lines.append(f"{'extra':6}{extra:>12}{'':38}  {extra_kind(step)}")
+    return "\n".join(lines)
 
 
 def coloured_text(steps: list[Step], tokenizer, prompt_text: str = "") -> str:
-    """HTML of the whole generation, each token coloured by how it came to be."""
+    """HTML of the whole generation, each token coloured by how it came to be, and each rejected draft
+    struck through before the token that replaced it (as the CLI shows them)."""
     pieces, tokens, text = [html.escape(prompt_text)], [], ""
     for step in steps:
         for i, token in enumerate(step.tokens):
+            kind = "accepted" if i < step.accepted else extra_kind(step)
+            if kind == "resample":
+                guess = tokenizer.decode(tokens + [step.drafted[i]])[len(text):]
+                pieces.append(f'<s style="background:{HTML_COLOURS["rejected"]}">{html.escape(guess)}</s>')
             tokens.append(token)
             new = tokenizer.decode(tokens)
-            kind = "accepted" if i < step.accepted else extra_kind(step)
-            pieces.append(f'<span style="background:{VERDICT_COLOURS[kind]}">{html.escape(new[len(text):])}</span>')
+            pieces.append(f'<span style="background:{HTML_COLOURS[kind]}">{html.escape(new[len(text):])}</span>')
             text = new
     return f'<div style="font-family:monospace;white-space:pre-wrap">{"".join(pieces)}</div>'
