@@ -21,41 +21,44 @@
 # d_i is **accepted** if the uniform **u_i < q(d_i) / p(d_i)** (so with probability min(1, q/p)). At the
 # first rejection the target **resamples** from norm(max(0, q − p)) and the later drafts are **dropped**;
 # if all K are accepted, the target adds a **bonus** token from its next distribution.
-# Colours: accepted green, rejected red, resample yellow, bonus blue, dropped grey.
+#
+# The picture below is one generation, every decision of it: a row per iteration (one target call),
+# a column per draft position, then the token the target added. Under each judged draft a grey bar is
+# min(1, q/p) and a black tick is u: the draft is kept when the tick lies inside the bar.
 
 # %%
 MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
-DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
-
-import jax
-import numpy as np
-import picospec
-from IPython.display import HTML, display
-
-draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
-tokenizer = picospec.load_tokenizer(TARGET)
-print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
-      f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
-
-# %%
 PROMPT, K, TEMPERATURE, N_TOKENS, SEED = "And God said unto Moses", 4, 1.0, 64, 0
 
-from picospec.tools.cli.show import coloured_text, extra_kind, step_table
+import jax
+import picospec
+from IPython.display import HTML, Image, display
+from picospec.tools.cli.picture import draw, png
+from picospec.tools.cli.show import coloured_text, decisions, extra_kind
 from picospec.tools.cli.stream import trace_steps
 
+DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
+draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
+tokenizer = picospec.load_tokenizer(TARGET)
 prompt = tokenizer.encode(PROMPT).ids
 tokens, trace = picospec.speculative_sample(draft, target, prompt, N_TOKENS, jax.random.key(SEED),
                                             K=K, temperature=TEMPERATURE)
 steps = trace_steps(trace, N_TOKENS)
-display(HTML(coloured_text(steps, tokenizer, PROMPT)))
+Image(png(draw(steps, tokenizer, K, f"{DRAFT} drafting for {TARGET}, K = {K}, temperature {TEMPERATURE}")))
 
+# %% [markdown]
+# The same text, each token coloured by how it came to be (accepted green, resample yellow, bonus blue),
+# each rejected draft struck through in red before the token that replaced it:
+
+# %%
+display(HTML(coloured_text(steps, tokenizer, PROMPT)))
 
 # %% [markdown]
 # ## Three iterations in full
 #
 # A full accept (all K drafts pass, and the target adds a bonus token), an early rejection (d_0 fails,
 # so the iteration yields only the resample), and a late rejection (d_0, d_1 pass, a later one fails).
-# Each table shows p(d_i), q(d_i), their ratio and the uniform u_i that decided; below it, the text so far.
+# Each shows p(d_i), q(d_i), their ratio and the uniform u_i that decided.
 
 # %%
 def first(condition):
@@ -68,8 +71,7 @@ for what, i in chosen.items():
     if i is None:
         print(f"this run has no {what}: try another SEED")
         continue
-    display(HTML(f"<h4>{what}</h4>" + step_table(steps[i], tokenizer, i)
-                 + coloured_text(steps[:i + 1], tokenizer, PROMPT)))
+    print(f"iteration {i}, {what}: {steps[i].accepted} of {K} accepted\n{decisions(steps[i], tokenizer)}\n")
 
 # %% [markdown]
 # ## Every iteration in one line

@@ -70,28 +70,31 @@ print(f"α (accepted / tested, the maximum-likelihood estimate): {alpha:.3f}")
 # %%
 import matplotlib.pyplot as plt
 
-plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
-reached, passed = np.zeros(K), np.zeros(K)
-for _, _, counts in runs:
-    reached += (np.arange(K)[None, :] <= counts[:, None]).sum(0)  # positions a decision was made at
-    passed += (np.arange(K)[None, :] < counts[:, None]).sum(0)  # ... and the draft accepted
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
+alpha_i, reached = theory.alpha_by_position(a, K)  # α at each draft position: accepted / tested there
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
 axes[0].bar(np.arange(len(runs[0][2])), runs[0][2] + 1, color="tab:green")
 axes[0].set(title=f"one generation: tokens per iteration (K={K})", xlabel="iteration", ylabel="tokens added")
 lengths = np.bincount(a, minlength=K + 1) / len(a)
 axes[1].bar(np.arange(K + 1) - 0.2, lengths, 0.4, label="measured")
-axes[1].bar(np.arange(K + 1) + 0.2, theory.accepted_length_law(alpha, K), 0.4, label=f"capped geometric, α={alpha:.2f} (fit)")
-axes[1].set(title="drafts accepted per iteration", xlabel="accepted", ylabel="fraction"); axes[1].legend()
-axes[2].plot(np.arange(K), passed / reached, "o-")
+axes[1].bar(np.arange(K + 1) + 0.2, theory.accepted_length_law(alpha, K), 0.4, label=f"geometric, α={alpha:.2f} (fit)")
+axes[1].set(title="drafts accepted per iteration", xlabel="accepted", ylabel="fraction of iterations")
+axes[1].legend(loc="upper left")
+error = 2 * np.sqrt(alpha_i * (1 - alpha_i) / reached)  # two standard errors
+axes[2].errorbar(np.arange(K), alpha_i, yerr=error, fmt="o", capsize=3, label="measured ± 2 s.e.")
 axes[2].axhline(alpha, ls="--", color="gray", label="overall α")
-axes[2].set(title="α by position in the draft block", xlabel="position i of d_i", ylabel="P(accept | tested)", ylim=(0, 1))
-axes[2].legend(); plt.tight_layout(); plt.show()
+axes[2].set(title="α by position in the draft block", xlabel="position i of d_i", ylabel="P(accept | tested)",
+            ylim=(0, 1.15))
+axes[2].set_xticks(range(K)); axes[2].legend(loc="lower left", ncol=2); plt.tight_layout(); plt.show()
+print("α by position:", ", ".join(f"{x:.2f} ± {e:.2f}" for x, e in zip(alpha_i, error)),
+      f"(tested {', '.join(str(int(r)) for r in reached)} times)")
 
 # %% [markdown]
 # The middle panel is a **fit**: α was estimated from these same counts, so the geometric law's mean
-# agrees by construction; only its shape is a check. The right panel shows why the shape is off where it
-# is: a later position is tested only after every earlier draft passed, so it is tested in easier
-# contexts, and α is not one number for every position.
+# agrees by construction; only its shape is a check. The right panel checks the assumption behind it,
+# that every drafted token is accepted with the same α wherever it stands in the block: on this pair
+# α by position is flat within its error bars (a later position is tested less often, only after every
+# earlier draft passed, so its bars are wider), and the geometric law's shape fits too.
 #
 # ## α exact and measured, on the same sequences
 #
@@ -134,12 +137,14 @@ print(" T     exact α, tested positions   measured α ± 2 s.e.   exact α, all
 for t, (exact, measured, se, all_positions, n_tested, n_all) in zip(temperatures, rows):
     print(f"{t:4.2f}  {exact:.3f} ({n_tested} positions)  {measured:10.3f} ± {2 * se:.3f}   "
           f"{all_positions:.3f} ({n_all} positions)")
-plt.figure(figsize=(5, 3.2))
+plt.figure(figsize=(7.5, 3.4))
 plt.errorbar(temperatures, [r[1] for r in rows], yerr=[2 * r[2] for r in rows], fmt="o-", capsize=3,
-             label="measured (uniform draws)")
+             label="measured (uniform draws) ± 2 s.e.")
 plt.plot(temperatures, [r[0] for r in rows], "s--", label="exact Σ min(p, q), same positions")
 plt.plot(temperatures, [r[3] for r in rows], "^:", label="exact, all positions")
-plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1); plt.legend(); plt.show()
+plt.title("α against temperature: measured and computed on the same sequences")
+plt.xlabel("temperature"); plt.ylabel("α"); plt.ylim(0, 1)
+plt.legend(loc="upper left", bbox_to_anchor=(1.02, 1)); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## Tokens per call: a prediction from the exact α
@@ -157,6 +162,7 @@ for t, (exact, *_) in zip(temperatures, rows):
 # ## Exercises
 #
 # 1. Predict: with K = 8, does the measured α change? Does the acceptance rate (accepted / drafted)? Run it.
-# 2. The right panel above: at which temperature would you expect α to be most alike across positions?
+# 2. α by position is flat for this pair. Make it fall: draft with a model that drifts from the target as
+#    its own guesses pile up (the draft's params scaled by 0.5, as in 3, at K = 8). Which positions drop first?
 # 3. Make the draft worse (load `picospec.load_model("tiny-draft")` and scale its params by 0.5) and predict
 #    α before you measure it.

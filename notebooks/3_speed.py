@@ -90,7 +90,7 @@ from picospec import theory
 from picospec.autoregressive import buffers
 from picospec.tools.bench.timing import forward_times, race
 
-plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
+plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 
 PROMPT, TEMPERATURE = "And the LORD spake unto Moses, saying", 0.8
 KS, N_TOKENS, SEEDS = ((2, 4), 32, 2) if QUICK else ((1, 2, 4, 8), 128, 4)  # the runs raced below
@@ -115,13 +115,15 @@ print(f"  {2 * n_params * a / (n_bytes * b):.1f} operations per byte read; a cal
       f"{2 * n_params / n_bytes:.1f}·T, so compute catches up at T ≈ a / b = {a / b:.0f} tokens")
 
 Tgrid = np.geomspace(1, max(TS), 50)
-plt.figure(figsize=(4.5, 2.7))
+plt.figure(figsize=(7.5, 3.2))
 plt.plot(TS, [v[T - 1] for T in TS], "o", label="measured")
 plt.plot(Tgrid, v_fit(Tgrid - 1), "-", color="tab:blue", alpha=0.5, label="fit (a + b·T) / (a + b)")
 plt.plot(Tgrid, Tgrid, ":", color="gray", label="K + 1: as many separate calls")
 plt.axhline(1, color="gray", lw=0.8)
+plt.title(f"v(K): the target's call of K + 1 tokens over its call of one ({TARGET})")
 plt.xscale("log", base=2); plt.xlabel("T = K + 1 tokens scored in one call"); plt.ylabel("v(K)")
-plt.ylim(0, max(v.values()) * 1.3); plt.legend(fontsize=8); plt.tight_layout(); plt.show()
+plt.ylim(0, max(v.values()) * 1.3); plt.legend(loc="upper left", bbox_to_anchor=(1.02, 1)); plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # How flat v(K) is depends on the model and the machine: the ratio of the machine's arithmetic to
@@ -141,20 +143,22 @@ plt.ylim(0, max(v.values()) * 1.3); plt.legend(fontsize=8); plt.tight_layout(); 
 
 # %%
 Kgrid = np.arange(1, 17)
-fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.7))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 for alpha_, colour in [(0.6, "tab:red"), (0.8, "tab:blue"), (0.9, "tab:green")]:
     axes[0].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, v_fit(K)) for K in Kgrid], "-", color=colour,
                  label=f"α={alpha_}")
     axes[0].plot(Kgrid, [theory.walltime_improvement(alpha_, K, c, 1.0) for K in Kgrid], "--", color=colour)
 axes[0].axhline(1, color="gray", lw=0.8)
-axes[0].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}", title="solid: fitted v(K); dashed: v = 1")
-axes[0].legend(fontsize=7)
+axes[0].set(xlabel="K", ylabel=f"predicted speedup, c={c:.3f}",
+            title="predicted speedup (solid: fitted v(K); dashed: v = 1)")
+axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
 grid = np.linspace(0.3, 0.95, 27)
 for cost, style in [(c, "-"), (c / 10, "--")]:
     axes[1].plot(grid, [theory.optimal_K(x, cost, v_fit) for x in grid], style, color="tab:blue",
                  label=f"c={cost:.3f}, fitted v(K)")
     axes[1].plot(grid, [theory.optimal_K(x, cost) for x in grid], style, color="tab:orange", label=f"c={cost:.3f}, v=1")
-axes[1].set(xlabel="α", ylabel="best K"); axes[1].legend(fontsize=7)
+axes[1].set(xlabel="α", ylabel="best K", title="the best K against α (theory.optimal_K)")
+axes[1].legend(loc="upper left")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]

@@ -24,7 +24,8 @@
 #        = min(p(x), q(x)) + max(0, q(x) − p(x)) = q(x),
 #
 # because the rejection mass 1 − Σ_y min(p(y), q(y)) equals Σ_y max(0, q(y) − p(y)): p and q both sum to 1.
-# Below, both terms are drawn at a real position of the bundled pair, then 10,000 samples are drawn.
+# Below, both terms are drawn at a real position of the bundled pair, one where the draft and the target
+# disagree (α = Σ min(p, q) is printed below), then 10,000 samples are drawn.
 
 # %%
 MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M drafting for 1558M (hub or cache)
@@ -44,7 +45,7 @@ print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
 from picospec import theory
 from picospec.sampling import Sampling, logits_to_probs
 
-PROMPT, TOP_K = "And he said", 8
+PROMPT, TOP_K = "Now therefore let Pharaoh", 8  # a held-out verse's start, where p and q disagree
 prompt = tokenizer.encode(PROMPT).ids
 s = Sampling(1.0, TOP_K)
 q = np.asarray(logits_to_probs(picospec.logits(target, prompt)[-1], s), np.float64)
@@ -61,17 +62,19 @@ print("largest |P(x) − q(x)|:", np.abs(law - q).max(), "| theory.lenient_outpu
 # %%
 import matplotlib.pyplot as plt
 
+plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 support = np.flatnonzero((p > 0) | (q > 0))
 x = np.arange(len(support))
-plt.figure(figsize=(10, 3.8))
+plt.figure(figsize=(11, 4))
 plt.bar(x - 0.3, p[support], 0.3, color="tab:gray", label="draft p")
 plt.bar(x, accepted[support], 0.3, color="tab:green", label="min(p, q): accepted drafts")
 plt.bar(x, (rejection_mass * residual)[support], 0.3, bottom=accepted[support], color="gold",
         label="rejection mass × residual: resamples")
 plt.bar(x + 0.3, q[support], 0.3, color="tab:blue", label="target q")
 plt.xticks(x, [repr(tokenizer.decode([t])) for t in support], rotation=45)
-plt.ylabel("probability"); plt.title(f"next token after {PROMPT!r}, top-k={TOP_K}: the middle stacks sum to q")
-plt.legend(fontsize=8); plt.tight_layout(); plt.show()
+plt.xlabel("next token"); plt.ylabel("probability")
+plt.title(f"next token after {PROMPT!r}, top-k={TOP_K}: the middle stacks sum to q")
+plt.legend(loc="upper left", bbox_to_anchor=(1.01, 1)); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## 10,000 samples
@@ -93,12 +96,14 @@ expected_q = N * q[q > 0] / q[q > 0].sum()
 print(f"chi-square against the target q: p-value {chisquare(counts[q > 0], expected_q, sum_check=False).pvalue:.3f}")
 print(f"total variation between the samples and q: {0.5 * np.abs(counts / N - q).sum():.4f}, "
       f"between the samples and the draft's p: {0.5 * np.abs(counts / N - p).sum():.4f}")
-plt.figure(figsize=(10, 3.6))
+plt.figure(figsize=(11, 4))
 plt.bar(x - 0.27, p[support], 0.27, label="draft p", color="tab:gray")
 plt.bar(x, q[support], 0.27, label="target q (exact)", color="tab:blue")
-plt.bar(x + 0.27, counts[support] / N, 0.27, label="speculative samples", color="tab:orange")
+plt.bar(x + 0.27, counts[support] / N, 0.27, label=f"{N:,} speculative samples", color="tab:orange")
 plt.xticks(x, [repr(tokenizer.decode([t])) for t in support], rotation=45)
-plt.ylabel("probability"); plt.legend(); plt.tight_layout(); plt.show()
+plt.title(f"the first token after {PROMPT!r}: the samples follow q, not p")
+plt.xlabel("next token"); plt.ylabel("probability (samples: frequency)")
+plt.legend(loc="upper left", bbox_to_anchor=(1.01, 1)); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## Exercises

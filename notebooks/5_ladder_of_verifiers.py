@@ -40,7 +40,7 @@ import picospec
 from picospec import theory
 from picospec.verifiers import RULES, block_residuals
 
-plt.rcParams["figure.dpi"] = 72  # modest figures: the notebook is committed with its outputs
+plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's shorter run
 
 # %% [markdown]
@@ -80,7 +80,7 @@ def kept_law(rule):  # P(keep 0, 1, 2 drafts) for this drafted block, from the r
 
 
 keys = jax.random.split(jax.random.key(0), 20_000)
-fig, ax = plt.subplots(figsize=(6.5, 2.6))
+fig, ax = plt.subplots(figsize=(8.5, 3.2))
 for j, rule in enumerate(["match", "token", "block"]):
     run = jax.vmap(lambda k: RULES[rule](k, jax.random.fold_in(k, 1), jnp.array(d), jnp.float32(p), jnp.float32(q))[0])
     measured = np.bincount(np.asarray(run(keys)), minlength=3) / len(keys)
@@ -88,8 +88,11 @@ for j, rule in enumerate(["match", "token", "block"]):
     ax.plot(np.arange(3) + 0.27 * (j - 1), measured, "k.", label="measured" if j == 2 else None)
     print(f"{rule:5s} computed {kept_law(rule).round(3)}  measured {measured.round(3)}")
 ax.set_xticks(range(3), ["0 kept", "1 kept", "2 kept"])
+ax.set_xlabel("drafts kept of d_0 = a, d_1 = b")
 ax.set_ylabel("probability")
-ax.legend(fontsize=8)
+ax.set_title("how many drafts each rule keeps, computed and measured")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -115,7 +118,7 @@ for rule in ("match", "token", "block"):
         n, kept = np.asarray(trace.n_steps), np.asarray(trace.n_accepted)
         rows = np.concatenate([kept[b, :n[b]] for b in range(RUNS)])
         measured[rule, K], alpha[rule, K] = rows.mean() + 1, float(theory.alpha_from_trace(jnp.array(rows), K))
-fig, ax = plt.subplots(figsize=(6.5, 3))
+fig, ax = plt.subplots(figsize=(8.5, 3.4))
 for rule, colour in [("match", "C0"), ("token", "C1"), ("block", "C2")]:
     ax.plot(KS, [measured[rule, K] for K in KS], "o", color=colour, label=f"{rule}, measured")
     if rule != "block":
@@ -123,7 +126,9 @@ for rule, colour in [("match", "C0"), ("token", "C1"), ("block", "C2")]:
                 label=f"{rule}, predicted from its α")
 ax.set_xlabel("K")
 ax.set_ylabel("tokens per target call")
-ax.legend(fontsize=8)
+ax.set_title("tokens per call by rule, bundled pair, temperature 0.8")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.tight_layout()
 plt.show()
 for K in KS:
     print(f"K = {K}: " + ", ".join(f"{rule} {measured[rule, K]:.2f}" for rule in ("match", "token", "block")))
@@ -135,15 +140,19 @@ for K in KS:
 # positions in one call (`picospec/several.py`). At each depth the chains still alive are tried in
 # turn against a residual that shrinks after every rejection (recursive rejection sampling), so one
 # position is kept with chance α_N = 1 − Π_m (1 − Σ_x min(p, r_m)) (`theory.alpha_several`), more than
-# α. The geometric law with α_N is an upper bound: after a depth only the chains that drafted the kept
-# token go on. Below, tokens per call **measured** for N = 1, 2, 4 (token rule, K = 3, temperature
-# 0.8) against that bound, with α_N computed from the pair's own p and q along a held-out text.
+# α. Below, tokens per call **measured** for N = 1, 2, 4 (token rule, K = 3, temperature 0.8) beside
+# the geometric law's **prediction** with α_N, computed from the pair's own p and q along the held-out
+# text (`weights/heldout_sample.txt`, not the text these runs generate, so even at N = 1 the two differ a
+# little, either way). For N > 1 the measurement falls further below it: after a depth only the chains
+# that drafted the kept token go on, so the deeper positions see fewer candidates than N.
 
 # %%
 from picospec.sampling import logits_to_probs  # noqa: E402
 
-text = picospec.load_tokenizer("tiny-target").encode("And God said unto Moses, I AM THAT I AM: and he said, "
-                                                     "Thus shalt thou say unto the children of Israel").ids
+from picospec.tools.checkpoints.weights import BUNDLED_DIR  # noqa: E402
+
+heldout = (BUNDLED_DIR / "heldout_sample.txt").read_text()
+text = picospec.load_tokenizer("tiny-target").encode(heldout).ids[:256]  # the context: 256 tokens of held-out text
 p_text, q_text = (np.asarray(logits_to_probs(picospec.logits(m, text), picospec.Sampling(0.8))) for m in (draft, target))
 NS, K3 = (1, 2, 4), 3
 several = {}
@@ -153,17 +162,19 @@ for n_drafts in NS:
                                                  drafts=n_drafts)
     n, kept = np.asarray(trace.n_steps), np.asarray(trace.n_accepted)
     several[n_drafts] = np.concatenate([kept[b, :n[b]] for b in range(RUNS)]).mean() + 1
-bound = [float(theory.expected_tokens_per_call(theory.alpha_several(p_text, q_text, n), K3)) for n in NS]
-fig, ax = plt.subplots(figsize=(6.5, 2.6))
+predicted = [float(theory.expected_tokens_per_call(theory.alpha_several(p_text, q_text, n), K3)) for n in NS]
+fig, ax = plt.subplots(figsize=(8.5, 3.2))
 ax.plot(NS, [several[n] for n in NS], "o", label="measured")
-ax.plot(NS, bound, "-", label="geometric law with α_N (every chain alive)")
+ax.plot(NS, predicted, "-", label="predicted: geometric law with α_N")
 ax.set_xlabel("drafts N")
 ax.set_ylabel("tokens per target call")
+ax.set_title(f"several drafts, token rule, K = {K3}, temperature 0.8")
 ax.set_xticks(NS)
-ax.legend(fontsize=8)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+plt.tight_layout()
 plt.show()
-for n, b in zip(NS, bound):
-    print(f"N = {n}: measured {several[n]:.2f}, bound {b:.2f}, alpha_N {theory.alpha_several(p_text, q_text, n):.3f}")
+for n, b in zip(NS, predicted):
+    print(f"N = {n}: measured {several[n]:.2f}, predicted {b:.2f}, α_N {theory.alpha_several(p_text, q_text, n):.3f}")
 
 # %% [markdown]
 # ## Adaptive K
@@ -184,15 +195,17 @@ _, trace = picospec.speculative_sample(draft, target, prompt, 100, jax.random.ke
 steps = int(trace.n_steps)
 k_chosen, kept = np.asarray(trace.k[:steps]), np.asarray(trace.n_accepted[:steps])
 alpha_seen = [(kept[:i].sum() + 1) / (kept[:i].sum() + np.sum(kept[:i] < k_chosen[:i]) + 2) for i in range(steps)]
-fig, ax = plt.subplots(figsize=(6.5, 2.6))
+fig, ax = plt.subplots(figsize=(8.5, 3.2))
 ax.step(range(steps), k_chosen, where="mid", label="k drafted")
 ax.plot(range(steps), kept, "k.", label="kept")
 ax2 = ax.twinx()
 ax2.plot(range(steps), alpha_seen, "C1-", label="α's posterior mean before the call")
 ax2.set_ylim(0, 1)
+ax2.set_ylabel("α (posterior mean)")
 ax.set_xlabel("target call")
 ax.set_ylabel("drafts")
-ax.legend(loc="upper left", fontsize=8)
-ax2.legend(loc="upper right", fontsize=8)
+ax.set_title("adaptive K: the k chosen each call, and what the calls so far say of α")
+fig.legend(loc="upper left", bbox_to_anchor=(0.83, 0.85))
+fig.tight_layout(rect=(0, 0, 0.82, 1))
 plt.show()
 print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, from {k_chosen.min()} to {k_chosen.max()}")

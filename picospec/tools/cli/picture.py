@@ -14,11 +14,13 @@ rule draws no uniform, so it has no bar. At the right, the tokens the iteration 
 A PNG through matplotlib (the `plot` extra), so it shows wherever a notebook or a file is viewed.
 """
 
+import io
+
 from picospec.tools.cli.stream import Step, extra_kind
 
 COLOURS = {"accepted": "#7fd17a", "rejected": "#f08a8a", "dropped": "#dddddd", "resample": "#f5d76e",
            "bonus": "#86b6f0", "target": "#ffffff"}
-DPI = 120
+DPI = 100
 CELL_WIDTH, ROW_HEIGHT, MARGIN_WIDTH, MARGIN_HEIGHT = 0.95, 0.32, 1.6, 1.45  # inches
 
 
@@ -79,3 +81,10 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
                   loc="lower center", ncol=len(kinds), fontsize=8, frameon=False)
     figure.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     return figure
+
+
+def png(figure) -> bytes:
+    """The figure as PNG bytes (in a notebook: IPython.display.Image(png(figure)))."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
