@@ -31,8 +31,9 @@ def synchronized(run, device: str):
     return timed
 
 
-def transformers_decode(folder: str, prompt, dtype: str, m: int):
-    """The same with transformers' generate (use_cache=True); None if it is not installed."""
+def transformers_model(folder: str, dtype: str = "float32"):
+    """(torch, the checkpoint as transformers' GPT2LMHeadModel on torch_device(), that device), or None
+    without torch and transformers, or without the device."""
     try:
         import torch
         from transformers import GPT2LMHeadModel
@@ -40,7 +41,15 @@ def transformers_decode(folder: str, prompt, dtype: str, m: int):
         return None
     if (device := torch_device()) is None:
         return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval().to(device)
+    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype))
+    return torch, model.eval().to(device), device
+
+
+def transformers_decode(folder: str, prompt, dtype: str, m: int):
+    """The same with transformers' generate (use_cache=True); None if it is not installed."""
+    if (loaded := transformers_model(folder, dtype)) is None:
+        return None
+    torch, model, device = loaded
     ids = torch.tensor([prompt], device=device)
 
     def run():
@@ -53,15 +62,10 @@ def transformers_decode(folder: str, prompt, dtype: str, m: int):
 def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int, n=64):
     """transformers' assisted generation (greedy, a constant K drafts): its speedup over its own
     plain generate; None without transformers."""
-    try:
-        import torch
-        from transformers import GPT2LMHeadModel
-    except ImportError:
+    if (loaded := transformers_model(target_folder)) is None:
         return None
-    if (device := torch_device()) is None:
-        return None
-    target = GPT2LMHeadModel.from_pretrained(target_folder, local_files_only=True).eval().to(device)
-    draft = GPT2LMHeadModel.from_pretrained(draft_folder, local_files_only=True).eval().to(device)
+    torch, target, device = loaded
+    draft = transformers_model(draft_folder)[1]
     ids = torch.tensor([prompt], device=device)
     common = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
     assist = dict(assistant_model=draft, num_assistant_tokens=K, num_assistant_tokens_schedule="constant",
@@ -75,14 +79,9 @@ def transformers_assisted(draft_folder: str, target_folder: str, prompt, K: int,
 def transformers_batch_generate(folder: str, prompts, n: int, dtype="float32"):
     """transformers' batched generate of n tokens after each prompt: left-padded (GPT-2 has no pad
     token; id 0 with attention_mask 0), greedy, use_cache=True. None without transformers."""
-    try:
-        import torch
-        from transformers import GPT2LMHeadModel
-    except ImportError:
+    if (loaded := transformers_model(folder, dtype)) is None:
         return None
-    if (device := torch_device()) is None:
-        return None
-    model = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, dtype=getattr(torch, dtype)).eval().to(device)
+    torch, model, device = loaded
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
