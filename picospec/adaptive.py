@@ -13,10 +13,9 @@ compiled loop (shapes stay those of K):
 `adaptive_step` has the target score only the k + 1 positions it needs (score_first); a draft that
 proposes nothing (k = 0: the n-gram lookup that finds nothing) costs one plain step.
 
-Why it stays lossless: both rules look only at what was drafted so far, never at a verification
-coin. Stopping after k drafts is the draft proposing, at position k, a "stop" token the target gives
-probability 0: every verifier rejects it and draws the next token from q itself. So the verifiers
-run unchanged; a draft that stopped leaves rows of p at zero, which they read as "not proposed".
+Why it stays lossless: both rules look only at what was drafted so far, never at a verification coin.
+Stopping after k drafts is proposing, at position k, a "stop" token the target gives probability 0:
+every verifier rejects it and draws from q itself, so they run unchanged (zero rows of p: not proposed).
 """
 
 from dataclasses import dataclass
@@ -35,9 +34,8 @@ from picospec.state import Proposal, Trace, Verdict
 @partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold"], meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
-    # An iteration that drafts k costs k c + v(k), in any unit: in the theory's terms c is a draft
-    # call over a target call and v(k) the target's block over one token; tools/cli/costs.py times
-    # whole iterations in place, so it gives c = 0 and v(k) = an iteration's time.
+    # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/cli/costs.py
+    # times whole iterations in place, so it gives c = 0 and v(k) = an iteration's time.
     c: jax.Array  # float32 []
     v: jax.Array  # float32 [K], for k = 1..K
     threshold: jax.Array  # float32 []: stop after a draft token of probability below it (0: never)
@@ -50,8 +48,7 @@ def fixed(K: int, threshold: float = 0.0) -> Policy:
 
 
 def evidence(trace: Trace):
-    """(successes, failures) so far: drafts accepted, and drafts rejected. A draft that stopped
-    itself is not a failure. theory.alpha_from_trace is successes / (successes + failures)."""
+    """(successes, failures) so far: drafts accepted, and drafts rejected (not those a stop left out)."""
     return trace.n_accepted.sum(), jnp.sum(trace.proposed & (trace.n_accepted < trace.k))
 
 
@@ -149,8 +146,7 @@ def attention_apart(q, k, v, k_cache, v_cache, q_pos):
 
 
 def peek(model: Model, tokens, cache: KVCache):
-    """gpt2.forward that leaves the cache as it is: logits [T, V], and this call's keys and values
-    (n_layer x [H, T, D] each) for `append` to write later."""
+    """gpt2.forward that leaves the cache as it is: logits [T, V], and (keys, values) for `append`."""
     logits, keys, values = transformer(model, tokens, cache, attend=attention_apart)
     return logits, (keys, values)
 
@@ -168,11 +164,10 @@ def score_sizes(K: int) -> list[int]:
 
 
 def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own):
-    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K) that
-    hold those k + 1 (lax.switch runs one compiled branch per size; a few sizes, since every
-    branch costs a little even when it does not run). Returns q [K+1, V] with zero rows past k. The
-    branches only read the cache (peek) and it is written once after them: a branch that wrote it
-    would make XLA copy every cache buffer on each call."""
+    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K) that hold
+    those k + 1 (lax.switch runs one compiled branch per size; a few, as every branch costs a little even
+    when it does not run). Returns q [K+1, V], zero past row k. The branches only read the cache (peek),
+    written once after them: a branch that wrote it would make XLA copy every cache buffer each call."""
     K = proposal.drafted.shape[0]
     k = agree(proposal.k)
 
@@ -192,8 +187,7 @@ def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sa
 
 
 def or_target_alone(verify, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
-    """`verify`; or, when nothing was proposed (every row of p zero), the target's own next token,
-    drawn from q[0] as autoregressive_step draws it from key_extra."""
+    """`verify`; or with nothing proposed (p all zero), the target's token, as autoregressive_step draws it."""
     verdict = verify(key_accept, key_extra, drafted, p, q, greedy)
     alone = Verdict(jnp.int32(0), sample(jax.random.split(key_extra)[1], q[0], greedy), 0.0, 0.0, 0.0, 0.0, 0.0)
     return jax.tree_util.tree_map(lambda mine, its: jnp.where(jnp.any(p > 0), mine, its), verdict, alone)

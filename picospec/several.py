@@ -11,8 +11,9 @@ there, and its token d^j_i is an independent draw from p:
 Lossless: each candidate is one speculative step against the current r, so the token that leaves
 depth i follows r = q (speculative.py's proof, once per candidate). The proof needs the candidates
 to be independent draws from p: N copies of one chain, or chains made unlike on purpose (deduplicated),
-are not, and their output law is off (by up to 0.06 in tests/test_several.py's enumeration). (SpecTr, Sun et al. 2023, verifies several
-candidates differently: K-SEQ accepts each against one fixed residual with min(1, q/(rho p)).)
+are not, and their output law is off (by up to 0.06 in tests/test_several.py's enumeration). SpecTr
+(Sun et al. 2023) verifies several candidates differently: K-SEQ accepts each against one fixed
+residual with min(1, q/(rho p)).
 The match rule has a several-draft form too: the target samples t_i ~ q and any alive chain that
 drafted it keeps going. Block verification judges one chain at a time, so it is not offered with N > 1.
 

@@ -28,11 +28,9 @@ Why, at one position: x comes out either as an accepted draft or from the residu
        = min(p(x), q(x)) + max(0, q(x) - p(x)) = q(x),
 because the rejection mass 1 - sum_y min(p, q) equals sum_y max(0, q - p) (p and q both sum to 1).
 
-The later chapters plug in here and change nothing above: a draft is anything with `prefill` and
-`propose` (ngram.py looks its tokens up; adaptive.py proposes fewer); steps 3 and 4 are any function
-with accept_or_resample's signature returning a Verdict (verifiers.py); step 2 is any function with
-score's (adaptive.py scores fewer positions); and a whole iteration can be one made of these parts
-(several.py verifies several chains at once).
+Later chapters plug in without changing this file: a draft is anything with `prefill` and `propose`
+(ngram.py, adaptive.py); steps 3 and 4 any function like accept_or_resample returning a Verdict
+(verifiers.py); step 2 any function like score (adaptive.py); an iteration one built of these (several.py).
 """
 
 from functools import partial
@@ -93,15 +91,14 @@ def catch_up(draft: Model, tokens, n, cache: KVCache, sampling: Sampling):
 
 def score(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, forward=forward):
     """Step 2: the target scores x[n-1], d_0, ..., d_{K-1} in ONE forward call; q[i] predicts the slot
-    of d_i and q[K] the slot after them. Returns q float32 [K+1, V] and the target's cache (what
-    `forward` returns for it: adaptive.py's call leaves it unwritten)."""
+    of d_i and q[K] the slot after them. Returns q float32 [K+1, V] and what `forward` gives for the cache."""
     scored = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), proposal.drafted])  # [K+1]
     logits, cache = forward(target, scored, cache)  # [K+1, V]
     return logits_to_probs(logits, sampling), cache
 
 
 def at(probs, drafted):  # [K or K+1, V], int32 [K] -> [K]: probs[i](d_i)
-    return probs[jnp.arange(drafted.shape[0]), drafted]
+    return probs[jnp.arange(len(drafted)), drafted]
 
 
 def residual(q, p):  # [V], [V] -> [V]: norm(max(0, q - p)), or q where that is all zero (never drawn from)
@@ -142,8 +139,7 @@ def advance(state: SpecState, proposal: Proposal, verdict: Verdict, target_cache
 
 
 def record(trace: Trace, proposal: Proposal, verdict: Verdict) -> Trace:
-    """The trace with this iteration's proposal and verdict written at row n_steps."""
-    row = {"drafted": proposal.drafted, "k": proposal.k, **verdict._asdict()}
+    row = {"drafted": proposal.drafted, "k": proposal.k, **verdict._asdict()}  # written at row n_steps
     return trace._replace(**{name: getattr(trace, name).at[trace.n_steps].set(value) for name, value in row.items()},
                           n_steps=trace.n_steps + 1)
 
@@ -185,13 +181,11 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
                        top_k=0, top_p=1.0, stop_at_eos=False, verify=accept_or_resample, step=speculative_step):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call. A pure function
     of its inputs: jax.jit and jax.vmap (over key) both work.
-
     Args:
       draft, target: Models sharing a vocabulary; the draft may be any draft (ngram.py, adaptive.py).
       prompt_tokens: int [P], P >= 1.
       n_tokens: tokens to generate (>= 1); P + n_tokens + K - 1 must fit in the target's n_positions.
-      key: a jax.random key; the same key gives the same tokens.
-      K: tokens drafted per iteration (>= 1).
+      key: a jax.random key (the same key, the same tokens); K: tokens drafted per iteration (>= 1).
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
       verify, step: steps 3 and 4, and one iteration (a later chapter's, for its own kind of draft).

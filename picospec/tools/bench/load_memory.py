@@ -34,7 +34,8 @@ def peak_ratio(model: str, dtype: str) -> tuple[float, int]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench.load_memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench.load_memory",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", default=["gpt2-xl"])
     args = parser.parse_args(argv)
     from picospec.tools.bench.gpt2_shapes import (

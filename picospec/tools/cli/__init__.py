@@ -114,8 +114,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
         out.write(texts[0])
     policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
-                            K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p), eos_id=eos,
-                            timing=timing, verify=args.verify, policy=policy, drafts=args.drafts):
+                            K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
+                            eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts):
         for b, step in enumerate(iteration):
             if step is None:
                 continue

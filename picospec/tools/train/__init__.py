@@ -142,7 +142,8 @@ def main(argv=None):
         log(f"the target from {args.target_from}")
         target = as_stored(load_model(args.target_from, "float32"))
         if target.config != TARGET:
-            raise SystemExit(f"picospec.tools.train: {args.target_from} is not a {TARGET.n_layer} x {TARGET.n_embd} target")
+            raise SystemExit(f"picospec.tools.train: {args.target_from} is not a "
+                             f"{TARGET.n_layer} x {TARGET.n_embd} target")
     else:
         log("training the target")
         target = as_stored(train(TARGET, train_tokens, args.target_steps, args.seed, TARGET_LR, log=log))
