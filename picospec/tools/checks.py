@@ -54,7 +54,7 @@ def prompts(rows, n: int, lookahead: int, config):
         try:
             prompt(tokens, n, lookahead, config)
         except PicospecError as e:
-            raise PicospecError(f"prompt {b + 1} of {len(rows)}: {e}") from None
+            raise PicospecError(f"prompt {b + 1} of {len(rows)}: {e}" if len(rows) > 1 else str(e)) from None
 
 
 def eos(model: Model, stop_at_eos: bool) -> int:

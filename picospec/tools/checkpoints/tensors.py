@@ -58,8 +58,15 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
                                 "weights: convert the checkpoint")
         host = np.empty(shape, FILE_DTYPES[file_dtype])  # one tensor as the file holds it
         _read_exactly(path, begin, host)
+        if not np.isfinite(host).all():  # found here, not as garbage tokens later
+            raise PicospecError(f"{path}: tensor {key} holds NaN or Inf values; the checkpoint is damaged: "
+                                "download it again")
         array = _aligned_empty(expected.shape, dtype)
-        np.copyto(array, host.T if conv1d else host, casting="unsafe")  # the transpose, once, at load
+        with np.errstate(over="ignore"):  # a value past the dtype's range is reported just below
+            np.copyto(array, host.T if conv1d else host, casting="unsafe")  # the transpose, once, at load
+        if not np.isfinite(array).all():
+            raise PicospecError(f"{path}: tensor {key} has values too large for {np.dtype(dtype).name}; "
+                                "load it as float32 or bfloat16 (--dtype)")
         return jnp.asarray(array)
 
     return jax.tree_util.tree_map_with_path(load, wanted)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from picospec import fastpath
 from picospec.errors import PicospecError
-from picospec.gpt2 import Model
+from picospec.gpt2 import Model, logits
 from picospec.tools.checkpoints.config import config_json, read_config
 from picospec.tools.checkpoints.tensors import first_line, load_params, save_params
 
@@ -104,7 +104,20 @@ def load_model(name_or_path: str, dtype: str = "float32") -> Model:
         raise PicospecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     config = read_config(checkpoint_file(name_or_path, "config.json"))
     params = load_params(safetensors_files(name_or_path), config, DTYPES[dtype])
-    return fastpath.fast(Model(config, params))
+    model = fastpath.fast(Model(config, params))
+    if dtype == "float16":
+        check_float16(model, name_or_path)
+    return model
+
+
+def check_float16(model: Model, name: str):
+    """float16 holds at most 65504: a checkpoint whose activations pass it computes Inf and NaN, and
+    would sample garbage. One forward pass over a probe text (the first tokens of the vocabulary)
+    finds most such models before anything is sampled."""
+    probe = np.arange(min(32, model.config.n_positions)) % model.config.vocab_size
+    if not np.isfinite(np.asarray(logits(model, probe))).all():
+        raise PicospecError(f"{name} overflows float16 (its activations pass 65504 on a probe text, giving "
+                            "Inf and NaN): use --dtype bfloat16 or float32")
 
 
 def safetensors_files(name_or_path: str) -> list[Path]:

@@ -145,13 +145,15 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
 def print_row(args, mode, b, texts, record, out):
     """A finished row of a batch: a JSON line, or its text with a header and its summary line."""
     if args.json:
-        print(json.dumps({"mode": mode, "row": b, "prompt": texts[b], **record}), flush=True)
+        sys.stdout.write(json.dumps({"mode": mode, "row": b, "prompt": texts[b], **record}) + "\n")  # one write:
+        sys.stdout.flush()  # an interrupt leaves whole lines
     else:
         print(f"--- {mode}, prompt {b + 1} of {len(texts)} ---\n{texts[b]}{record['text']}", file=out, flush=True)
         print(summary(mode, record["stats"], f" prompt {b + 1}:"), file=sys.stderr)
 
 
 def main(argv=None) -> int:
+    args = None
     try:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
@@ -164,6 +166,7 @@ def main(argv=None) -> int:
         texts = read_prompts(args)
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]
+        checks.prompts(prompts, args.n_tokens, 0 if args.mode == "autoregressive" else K_max(args), target.config)
         modes = ["autoregressive", "speculative"] if args.mode == "compare" else [args.mode]
         results = {}
         for mode in modes:
@@ -174,7 +177,10 @@ def main(argv=None) -> int:
     except PicospecError as e:
         print(f"picospec: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: end the streamed line with the terminal's colour reset
+        if not (args and args.json):
+            sys.stdout.write(("\033[0m" if coloured(sys.stdout) else "") + "\n")
+            sys.stdout.flush()
         return 130
     report = {mode: records[0] for mode, (records, _) in results.items()} if len(texts) == 1 else \
         {mode: stats for mode, (_, stats) in results.items()}
