@@ -100,8 +100,8 @@ class Drafting(NamedTuple):  # propose_up_to's loop state
     i: jax.Array  # int32 []: the newest draft d_i
     k: jax.Array  # int32 []: drafts this row proposed (in a batch it stops growing when the row stops)
     cache: KVCache  # the draft's
-    drafted: jax.Array  # int32 [K], and p float32 [K, V]: rows past the last draft are zero
-    p: jax.Array
+    drafted: jax.Array  # int32 [K]: rows past the last draft are zero
+    p: jax.Array  # float32 [K, V]: likewise
     going: jax.Array  # bool []: this row drafts another
 
 
