@@ -2,16 +2,18 @@
 
 An AdaptiveDraft wraps any draft and proposes k <= K tokens; two rules decide k, both inside the
 compiled loop (shapes stay those of K):
-  theory      before drafting, pick the k in 1..K that maximizes the expected tokens per unit of
+  theory      before drafting, pick the k in 0..K that maximizes the expected tokens per unit of
               time, E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement),
               with the costs measured on this machine (tools/cli/costs.py) and the expectation taken
               over what the iterations so far say of alpha (a Beta posterior: few iterations, a
-              wide one, which favours drafting more than its mean alone would);
+              wide one, which favours drafting more than its mean alone would). k = 0 is not
+              drafting at all: the target steps alone, one token for v(0), as autoregressive
+              decoding would, so the policy is never slower than it by more than its bookkeeping;
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
 `adaptive_step` has the target score only the k + 1 positions it needs (score_first); a draft that
-proposes nothing (k = 0: the n-gram lookup that finds nothing) costs one plain step.
+proposes nothing (k = 0, or the n-gram lookup that finds nothing) costs one plain step.
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification coin.
 Stopping after k drafts is proposing, at position k, a "stop" token the target gives probability 0:
@@ -31,20 +33,25 @@ from picospec.speculative import ModelDraft, catch_up, score, speculative_step
 from picospec.state import Proposal, Trace, Verdict
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold"], meta_fields=["auto"])
+EVIDENCE_TO_STOP = 16  # judged drafts before k = 0 may be chosen: not drafting judges none, so it is final
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop"],
+         meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
     # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/cli/costs.py
     # times whole iterations in place, so it gives c = 0 and v(k) = an iteration's time.
     c: jax.Array  # float32 []
-    v: jax.Array  # float32 [K], for k = 1..K
+    v: jax.Array  # float32 [K+1], for k = 0..K (k = 0: the target alone; inf: never choose it)
     threshold: jax.Array  # float32 []: stop after a draft token of probability below it (0: never)
+    evidence_to_stop: jax.Array | int = EVIDENCE_TO_STOP  # int32 []: judged drafts before k = 0 is allowed
     auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
 
 
 def fixed(K: int, threshold: float = 0.0) -> Policy:
     """Always K drafts, cut short only by the confidence threshold."""
-    return Policy(jnp.float32(0), jnp.ones(K, jnp.float32), jnp.float32(threshold), auto=False)
+    return Policy(jnp.float32(0), jnp.ones(K + 1, jnp.float32), jnp.float32(threshold), auto=False)
 
 
 def evidence(trace: Trace):
@@ -58,22 +65,28 @@ def alpha_estimate(trace: Trace):
     return (successes + 1.0) / (successes + failures + 2.0)
 
 
-def choose_k(policy: Policy, successes, failures):
-    """The k in 1..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
+def choose_k(policy: Policy, successes, failures, pool=None):
+    """The k in 0..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
     with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
-    With much evidence this is theory.optimal_K at alpha = successes / (successes + failures)."""
-    k = jnp.arange(1, policy.v.shape[0] + 1)  # [K]
-    moments = jnp.cumprod((successes + k) / (successes + failures + 1.0 + k))  # [K] E[alpha^k]
-    tokens = 1 + jnp.cumsum(moments)  # [K] expected tokens per target call, 1 + E[alpha] + ... + E[alpha^k]
-    return jnp.argmax(tokens / (k * policy.c + policy.v)).astype(jnp.int32) + 1
+    With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
+    k = 0 only once policy.evidence_to_stop drafts were judged: nothing is judged after it, so the
+    evidence, and with it the choice, stays. pool: in a batch, the sum over the rows stepped together,
+    whose k is then the one with the most tokens per unit of time for them all."""
+    K = policy.v.shape[0] - 1
+    j = jnp.arange(1, K + 1)  # [K]
+    moments = jnp.cumprod((successes + j) / (successes + failures + 1.0 + j))  # [K] E[alpha^j]
+    tokens = jnp.concatenate([jnp.ones(1), 1 + jnp.cumsum(moments)])  # [K+1] E[tokens per call], k = 0..K
+    rate = tokens / (jnp.arange(K + 1) * policy.c + policy.v)  # [K+1]
+    rate = rate.at[0].set(jnp.where(successes + failures >= policy.evidence_to_stop, rate[0], -jnp.inf))
+    return jnp.argmax(rate if pool is None else pool(rate)).astype(jnp.int32)
 
 
 def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
     return k
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree"])
+@partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])
 @dataclass(frozen=True)
 class AdaptiveDraft:
     """A draft that proposes k <= K tokens, k chosen by `policy`. Run it with `adaptive_step`."""
@@ -81,16 +94,21 @@ class AdaptiveDraft:
     draft: object  # a ModelDraft, or a draft with nothing to save by stopping (ngram.NGramDraft)
     policy: Policy
     agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
+    pool: Callable | None = None  # in a batch, the rows choose one k together (choose_k)
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return self.draft.prefill(tokens, n, prefill_len, max_len)
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
-        k = choose_k(self.policy, *evidence(state.trace)) if self.policy.auto else jnp.int32(K)
+        k = choose_k(self.policy, *evidence(state.trace), self.pool) if self.policy.auto else jnp.int32(K)
         if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
-            return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
-                                 self.policy.threshold, sampling, self.agree)
+            model = self.draft.model
+            drafts = lambda: propose_up_to(model, state.tokens, state.n, state.draft_cache, key, K, k,  # noqa: E731
+                                           self.policy.threshold, sampling, self.agree)
+            none = lambda: Proposal(jnp.zeros(K, jnp.int32), jnp.zeros((K, model.config.vocab_size)),  # noqa: E731
+                                    state.draft_cache, jnp.int32(0))  # k = 0: its cache stays behind
+            return jax.lax.cond(self.agree(k) > 0, drafts, none) if self.policy.auto else drafts()
         proposal = self.draft.propose(state, key, K, sampling)  # a lookup costs nothing: just cut it
         k = jnp.minimum(k, proposal.k)
         return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0), k=k)

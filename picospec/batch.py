@@ -15,7 +15,8 @@ the row's length (stale slots) and are never read again.
 
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
-may add in another order). Only the buffers are padded to the longest row; the padding is never read.
+may add in another order). The one exception is by design: `--K auto` chooses one k for all the rows
+(`together`), the best for the batch rather than for each row alone. Only the buffers are padded to the longest row; the padding is never read.
 (picospec.tools.samplers holds the entry points that check the inputs, memory and devices first.)
 """
 
@@ -68,9 +69,15 @@ def furthest(k):
     return jax.lax.pmax(k, ROWS)
 
 
+def together(x):
+    """The sum over the rows stepped together: in a batch, `--K auto` weighs every row's expected tokens
+    for each k against the batch's cost of that k, and all rows draft the k best for them all."""
+    return jax.lax.psum(x, ROWS)
+
+
 def in_batch(draft):
     """The draft as the rows stepped together run it."""
-    return dataclasses.replace(draft, agree=furthest) if isinstance(draft, AdaptiveDraft) else draft
+    return dataclasses.replace(draft, agree=furthest, pool=together) if isinstance(draft, AdaptiveDraft) else draft
 
 
 def batch_step(step, state, n_end):

@@ -75,10 +75,11 @@ def alpha_from_speedup(speedup: float, K: int, c: float, v: float = 1.0) -> floa
     return (lo + hi) / 2
 
 
-def optimal_K(alpha: float, c: float, v=lambda K: 1.0, K_max: int = 32) -> int:
-    """The K in 1..K_max that maximizes walltime_improvement; v maps K to v(K)."""
-    gains = [float(walltime_improvement(alpha, K, c, v(K))) for K in range(1, K_max + 1)]
-    return int(np.argmax(gains)) + 1
+def optimal_K(alpha: float, c: float, v=lambda K: 1.0, K_max: int = 32, K_min: int = 1) -> int:
+    """The K in K_min..K_max that maximizes walltime_improvement; v maps K to v(K). K = 0 is not
+    drafting at all: one token per call of cost v(0), whatever alpha is."""
+    gains = [float(walltime_improvement(alpha, K, c, v(K))) for K in range(K_min, K_max + 1)]
+    return int(np.argmax(gains)) + K_min
 
 
 # ---- Lenience (Leviathan et al., Appendix A.5) ----

@@ -16,7 +16,9 @@ import picospec
 from picospec import Sampling, adaptive, theory
 from picospec.verifiers import RULES
 
-POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
+POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
+# K_max = 3, and k = 0 once one draft was judged and alpha looks below ~1/2: some runs stop drafting.
+STOPPING = adaptive.Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.1, 1.3]), jnp.float32(0), evidence_to_stop=1)
 
 
 def padded_block_law(d, p, q):
@@ -29,11 +31,21 @@ def padded_block_law(d, p, q):
 
 
 def stopping_law(stop, stop_is_rejection=False):
-    """One iteration after token x when the draft stops after d_i if stop(x, d[:i+1], p(d_i)) or at K:
-    the drafts' probability times the rule's law for the k drafted. The control treats the stop as a
-    rejection: the extra token comes from norm(max(0, q[k] - p[k])) with the draft's unused p[k]."""
+    """One iteration after token x when the draft stops after d_i if stop(x, d[:i+1], p(d_i)) or at K,
+    or drafts nothing if stop(x, (), 1.0): the drafts' probability times the rule's law for the k
+    drafted. The control treats the stop as a rejection: the extra token comes from
+    norm(max(0, q[k] - p[k])) with the draft's unused p[k]."""
     def iteration(rule, x, K, P, Q):
         law = {}
+
+        def judge(drafts, chance):
+            seq, k = (x,) + drafts, len(drafts)
+            p, q = np.stack([P[seq[i]] for i in range(k)] or [np.zeros((0, V))]), np.stack([Q[seq[i]] for i in range(k + 1)])
+            if stop_is_rejection and k < K:
+                residual = np.maximum(q[k] - P[seq[k]], 0)
+                q = np.concatenate([q[:k], [residual / residual.sum() if residual.sum() > 0 else q[k]]])
+            for block, b in rule(drafts, p.reshape(k, V), q).items():
+                add(law, block, chance * b)
 
         def grow(d, prob):
             prev = (x,) + d
@@ -41,15 +53,9 @@ def stopping_law(stop, stop_is_rejection=False):
                 drafts, chance = d + (y,), prob * P[prev[-1]][y]
                 if len(drafts) < K and not stop(x, drafts, P[prev[-1]][y]):
                     grow(drafts, chance)
-                    continue
-                seq, k = (x,) + drafts, len(drafts)
-                p, q = np.stack([P[seq[i]] for i in range(k)]), np.stack([Q[seq[i]] for i in range(k + 1)])
-                if stop_is_rejection and k < K:
-                    residual = np.maximum(q[k] - P[seq[k]], 0)
-                    q = np.concatenate([q[:k], [residual / residual.sum() if residual.sum() > 0 else q[k]]])
-                for block, b in rule(drafts, p, q).items():
-                    add(law, block, chance * b)
-        grow((), 1.0)
+                else:
+                    judge(drafts, chance)
+        judge((), 1.0) if stop(x, (), 1.0) else grow((), 1.0)
         return law
     return iteration
 
@@ -57,6 +63,7 @@ def stopping_law(stop, stop_is_rejection=False):
 STOPS = {
     "confidence": lambda x, d, p_d: p_d < 0.35,  # the draft's own probability of its token
     "k from the past": lambda x, d, p_d: len(d) >= 1 + x % 3,  # k decided before drafting, from earlier tokens
+    "none, from the past": lambda x, d, p_d: len(d) >= x % 3,  # k = 0 after token 0 or 3: the target alone
 }
 
 
@@ -93,11 +100,14 @@ def test_each_rule_as_coded_reads_zero_rows_as_not_proposed(rule, law):
         assert not np.asarray(h[2:]).any()
 
 
-@pytest.mark.parametrize("rule", ["token", pytest.param("block", marks=pytest.mark.slow)])
-def test_the_adaptive_loop_follows_the_target_joint_law(rule):
+@pytest.mark.parametrize("rule, which", [pytest.param("token", "confidence", marks=pytest.mark.slow), ("token", "stopping"),
+                                         pytest.param("block", "confidence", marks=pytest.mark.slow),
+                                         pytest.param("block", "stopping", marks=pytest.mark.slow)])
+def test_the_adaptive_loop_follows_the_target_joint_law(rule, which):
     law = target_law(Sampling(1.0))
-    policy = adaptive.Policy(POLICY.c, POLICY.v[:3], POLICY.threshold)  # K_max = 3: vmapped over keys, a switch
-    triples = speculative_triples(K=3, temperature=1.0, verify=rule, policy=policy)  # runs all its branches
+    policy = adaptive.Policy(POLICY.c, POLICY.v[:4], POLICY.threshold) if which == "confidence" else STOPPING  # K_max = 3
+    triples = speculative_triples(K=3, temperature=1.0, verify=rule, policy=policy)  # vmapped over keys: a switch
+    # runs all its branches; with STOPPING, some keys' second iteration drafts nothing (checked below)
     assert chi_square_p(triples, law) > PASS
     # The control: the same loop against the draft's law fails.
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
@@ -112,10 +122,11 @@ def test_greedy_is_the_targets_greedy_output_with_every_policy_and_rule(which, r
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     draft = early_exit(target, 1)
     policy = [POLICY, adaptive.fixed(5, threshold=0.9), adaptive.Policy(jnp.float32(0.01), jnp.ones(6), 0.0)][which]
+    policy = STOPPING if which == 0 and rule == "match" else policy
     for seed, prompt in enumerate([[3], [1, 5, 9, 2], list(range(12))]):
         key = jax.random.key(seed)
         greedy = picospec.autoregressive_sample(target, prompt, 30, key, temperature=0)
-        spec, trace = picospec.speculative_sample(draft, target, prompt, 30, key, K=policy.v.shape[0],
+        spec, trace = picospec.speculative_sample(draft, target, prompt, 30, key, K=policy.v.shape[0] - 1,
                                                   temperature=0, verify=rule, policy=policy)
         np.testing.assert_array_equal(spec, greedy, err_msg=f"{policy}, {rule}")
 
@@ -137,12 +148,16 @@ def test_a_policy_that_never_stops_is_the_fixed_K_loop_and_stops_show_in_the_tra
 
 
 def test_choose_k_is_the_theorys_optimal_K_and_alpha_comes_from_the_trace():
+    chosen = set()
     for c in (0.01, 0.1, 0.4):
-        v = np.array([1.0, 1.05, 1.2, 1.4, 1.7, 2.0, 2.4, 2.9])
+        v = np.array([0.9, 1.0, 1.05, 1.2, 1.4, 1.7, 2.0, 2.4, 2.9])  # v(0): the target alone
         policy = adaptive.Policy(jnp.float32(c), jnp.float32(v), 0.0)
         for alpha in (0.05, 0.3, 0.6, 0.8, 0.95):  # much evidence: the posterior is alpha itself
             s, f = jnp.int32(round(alpha * 10**6)), jnp.int32(round((1 - alpha) * 10**6))
-            assert int(adaptive.choose_k(policy, s, f)) == theory.optimal_K(alpha, c, lambda K: v[K - 1], 8)
+            k = int(adaptive.choose_k(policy, s, f))
+            assert k == theory.optimal_K(alpha, c, lambda K: v[K], 8, K_min=0)
+            chosen.add(k)
+    assert 0 in chosen and len(chosen) > 2  # not drafting is among the choices the theory makes
     _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4))
     n = int(trace.n_steps)
     s, f = np.asarray(trace.n_accepted[:n]).sum(), np.sum(np.asarray(trace.n_accepted[:n]) < 4)
@@ -155,7 +170,7 @@ def test_choose_k_takes_the_expectation_over_alpha_posterior():
     # Expected tokens per call, E[1 + alpha + ... + alpha^k] under Beta(s + 1, f + 1), integrated
     # numerically; with little evidence it differs from plugging in the posterior mean (the control).
     alpha = np.linspace(0, 1, 200001)
-    v = np.array([1.0, 1.1, 1.1, 1.45, 1.45, 1.45, 1.45])
+    v = np.array([np.inf, 1.0, 1.1, 1.1, 1.45, 1.45, 1.45, 1.45])  # never k = 0
     policy = adaptive.Policy(jnp.float32(0.15), jnp.float32(v), 0.0)
     plug_in_differs = False
     for s, f in [(0, 0), (1, 0), (2, 1), (5, 1), (9, 2), (30, 4)]:
@@ -164,18 +179,52 @@ def test_choose_k_takes_the_expectation_over_alpha_posterior():
         k = np.arange(1, 8)
         tokens = np.array([np.trapezoid(density * (1 - alpha ** (j + 1)) / np.maximum(1 - alpha, 1e-12), alpha)
                            for j in k])
-        assert int(adaptive.choose_k(policy, jnp.int32(s), jnp.int32(f))) == k[np.argmax(tokens / (k * 0.15 + v))]
-        mean = (s + 1) / (s + f + 2)
-        plug_in_differs |= theory.optimal_K(mean, 0.15, lambda K: v[K - 1], 7) != k[np.argmax(tokens / (k * 0.15 + v))]
+        best = k[np.argmax(tokens / (k * 0.15 + v[1:]))]
+        assert int(adaptive.choose_k(policy, jnp.int32(s), jnp.int32(f))) == best
+        plug_in_differs |= theory.optimal_K((s + 1) / (s + f + 2), 0.15, lambda K: v[K], 7) != best
     assert plug_in_differs
 
 
 @pytest.mark.slow
 def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
+    """Rows that stop on their own confidence; `--K auto`'s rows choose k together instead (test above)."""
     prompts, keys = [[1, 4], [3, 3, 0, 5]], jax.random.split(jax.random.key(7), 2)
-    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 12, keys, K=4, policy=POLICY)
+    policy = adaptive.fixed(4, threshold=0.3)
+    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 12, keys, K=4, policy=policy)
     for b, prompt in enumerate(prompts):
-        single, t = picospec.speculative_sample(DRAFT, TARGET, prompt, 12, keys[b], K=4, policy=POLICY)
+        single, t = picospec.speculative_sample(DRAFT, TARGET, prompt, 12, keys[b], K=4, policy=policy)
         np.testing.assert_array_equal(out[b], single)
         n = int(t.n_steps)  # a finished row's later rows are scratch
         np.testing.assert_array_equal(trace.k[b, :n], t.k[:n])
+
+
+def test_not_drafting_needs_evidence_first_and_then_stays():
+    v = jnp.float32([0.5, 1.0, 1.1, 1.2])  # k = 0 wins at any alpha below ~0.8
+    policy = adaptive.Policy(jnp.float32(0.2), v, 0.0, evidence_to_stop=16)
+    assert int(adaptive.choose_k(policy, jnp.int32(0), jnp.int32(0))) > 0  # no evidence yet: draft
+    assert int(adaptive.choose_k(policy, jnp.int32(3), jnp.int32(12))) > 0  # 15 judged
+    assert int(adaptive.choose_k(policy, jnp.int32(3), jnp.int32(13))) == 0  # 16 judged, alpha ~ 0.2
+    key = jax.random.key(3)
+    out, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, key, K=3, temperature=0, policy=policy)
+    k, n = np.asarray(trace.k), int(trace.n_steps)
+    stopped = np.flatnonzero(k[:n] == 0)
+    assert len(stopped) and (k[stopped[0]:n] == 0).all()  # once k = 0, nothing is judged, and it stays
+    assert np.asarray(trace.n_accepted[stopped]).sum() == 0 and not np.asarray(trace.p[stopped]).any()
+    np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, [1, 4], 50, key, temperature=0))
+
+
+def test_the_stopping_policy_does_stop_on_some_keys():
+    """The joint-law test above with STOPPING exercises k = 0: on some keys the second iteration drafts nothing."""
+    keys = jax.random.split(jax.random.key(2), 64)
+    traces = jax.vmap(lambda key: picospec.speculative_sample(DRAFT, TARGET, [1, 4], 3, key, K=3, temperature=1.0,
+                                                              policy=STOPPING)[1].k[1])(keys)
+    assert 0 < int(jnp.sum(traces == 0)) < 64
+
+
+def test_a_batch_chooses_one_k_for_all_its_rows():
+    prompts, keys = [[1, 4], [3, 3, 0, 5], [2]], jax.random.split(jax.random.key(7), 3)
+    _, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 30, keys, K=3, temperature=1.0,
+                                                 policy=STOPPING)
+    k, n = np.asarray(trace.k), np.asarray(trace.n_steps)
+    first = int(n.min())  # iterations every row ran
+    assert (k[:, :first] == k[:1, :first]).all() and (k[:, :first] == 0).any() and (k[:, :first] > 0).any()

@@ -59,7 +59,7 @@ def test_json_run_adds_up(capsys, mode):
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
-    monkeypatch.setattr(costs, "measure", lambda *args: [1.0, 1.2, 1.4])  # timing it: test_costs_are_timed_once
+    monkeypatch.setattr(costs, "measure", lambda *args: [2.0, 1.0, 1.2, 1.4])  # timing it: test_costs_are_timed_once
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -74,7 +74,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
         assert s["bonus"] == (s["accepted"] == s["k"])
     if "auto" in flags:
         (measured,) = json.loads((tmp_path / "costs.json").read_text()).values()
-        assert measured == [1.0, 1.2, 1.4]  # kept beside the compile cache
+        assert measured == [2.0, 1.0, 1.2, 1.4]  # kept beside the compile cache
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "LAP_SECONDS", 0.01)
     draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
     seconds = costs.costs(draft, target, 3, 64, Sampling(0.8))
-    assert len(seconds) == 3 and all(t > 0 for t in seconds)  # seconds per iteration drafting k = 1, 2, 3
+    assert len(seconds) == 4 and all(t > 0 for t in seconds)  # seconds per iteration drafting k = 0, 1, 2, 3
     monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
     assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
     assert json.loads((tmp_path / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0

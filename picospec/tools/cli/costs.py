@@ -1,10 +1,11 @@
 """The costs `--K auto` weighs (picospec/adaptive.py): the time of one speculative iteration that
-drafts k tokens, for k = 1..K_max.
+drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch of B rows.
 
-They depend on the machine, the pair and how tokens are sampled, not on the prompt, so they are
-timed once, at start-up, and kept in costs.json beside the compile cache (jit_cache.py),
-keyed by the device, both models' shapes and dtypes, K_max, the cache capacity and the sampling
-mode. Deleting the file only costs the timing again.
+They depend on the machine, the pair, the batch size and how tokens are sampled, not on the prompt,
+so they are timed once, at start-up, and kept in costs.json beside the compile cache (jit_cache.py),
+keyed by the device, both models' shapes and dtypes, K_max, the cache capacity, B and the sampling
+mode. Deleting the file only costs the timing again. A batch makes the target's call compute-bound
+sooner, so v(k) climbs with B and k = 0 wins more often.
 
 They are timed in place: auto's own compiled iteration (adaptive_step with the policy), with k
 forced, run over and over from one state. The theory's k c + v(k) counts forward calls only; in
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from picospec import adaptive
+from picospec.batch import ROWS, in_batch
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.speculative import start
@@ -41,10 +43,12 @@ def describe(model) -> str:
 
 @partial(jax.jit, static_argnames=("K", "step"))
 def _iterations(draft, target, state, K: int, sampling: Sampling, calls, step):
-    """`calls` iterations of `step`, each from `state`'s sequence again (the key, the buffers and the
-    trace carry over, so nothing is computed for nothing)."""
+    """`calls` iterations of `step` on every row of `state` [B, ...], each from the rows' sequences
+    again (the keys, the buffers and the traces carry over, so nothing is computed for nothing)."""
+    draft = in_batch(draft)
+
     def one(_, s):
-        after = step(draft, target, s, K, sampling, -1, accept_or_resample)
+        after = jax.vmap(lambda row: step(draft, target, row, K, sampling, -1, accept_or_resample), axis_name=ROWS)(s)
         return after._replace(n=state.n, done=state.done,
                               draft_cache=after.draft_cache._replace(length=state.draft_cache.length),
                               target_cache=after.target_cache._replace(length=state.target_cache.length))
@@ -65,41 +69,42 @@ def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
 LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
 
 
-def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, rounds: int = 5) -> list:
-    """[seconds per iteration that drafts k, for k = 1..K_max], timed now: each k runs n iterations
+def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1, rounds: int = 5) -> list:
+    """[seconds per iteration of B rows that drafts k, for k = 0..K_max], timed now: each k runs n iterations
     a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
-    rounds of each k's time over k = 1's in the same round, times k = 1's median."""
+    rounds of each k's time over k = 0's in the same round, times k = 0's median."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
 
     def forced(k):  # the draft whose Policy chooses k whatever alpha is
-        v = jnp.where(jnp.arange(1, K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
-        return plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), v, jnp.float32(0)))
+        v = jnp.where(jnp.arange(K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
+        return plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), v, jnp.float32(0), 0))
 
-    wrapped, step, _ = forced(1)
-    state = start(wrapped, target, jnp.ones(capacity, jnp.int32), P, jax.random.key(0), K_max, P, capacity)
+    wrapped, step, _ = forced(0)
+    state = jax.vmap(lambda key: start(wrapped, target, jnp.ones(capacity, jnp.int32), P, key, K_max, P, capacity))(
+        jax.random.split(jax.random.key(0), B))
 
     def run(k, n):
         return lambda: jax.block_until_ready(_iterations(forced(k)[0], target, state, K_max, sampling, n, step))
 
     runs, calls = {}, {}
-    for k in range(1, K_max + 1):
+    for k in range(K_max + 1):
         n = 1
         while race_laps(1, once=run(k, n))[0][0]["once"] < LAP_SECONDS:
             n *= 2
         runs[str(k)], calls[str(k)] = run(k, n), n
     laps, _ = race_laps(rounds, **runs)
     per_call = [{k: lap[k] / calls[k] for k in runs} for lap in laps]
-    one = statistics.median(t["1"] for t in per_call)
-    return [one * statistics.median(t[str(k)] / t["1"] for t in per_call) for k in range(1, K_max + 1)]
+    alone = statistics.median(t["0"] for t in per_call)
+    return [alone * statistics.median(t[str(k)] / t["0"] for t in per_call) for k in range(K_max + 1)]
 
 
-def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling) -> list:
+def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1) -> list:
     """measure(...), or what an earlier run on this machine measured for the same pair and sizes."""
     device = jax.devices()[0]
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
-           f":{mode}:iterations")
+           f":B{B}:{mode}:iterations")
     folder = cache_folder()
     path = folder.parent / "costs.json" if folder else None
     try:
@@ -107,7 +112,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling) -
     except (OSError, ValueError):
         known = {}  # unreadable: time it again and write it afresh
     if key not in known:
-        known[key] = measure(draft, target, K_max, capacity, sampling)
+        known[key] = measure(draft, target, K_max, capacity, sampling, B)
         if path:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +123,8 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling) -
 
 
 def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
-                threshold: float = 0.0) -> adaptive.Policy:
-    """The Policy for `--K auto`: this machine's iteration times (c = 0, v(k) = an iteration drafting
-    k, in milliseconds), and the confidence threshold."""
-    seconds = costs(draft, target, K_max, capacity, sampling)
+                threshold: float = 0.0, B: int = 1) -> adaptive.Policy:
+    """The Policy for `--K auto` on B rows: this machine's iteration times (c = 0, v(k) = an iteration
+    drafting k, k = 0..K_max, in milliseconds), and the confidence threshold."""
+    seconds = costs(draft, target, K_max, capacity, sampling, B)
     return adaptive.Policy(jnp.float32(0), jnp.float32(np.asarray(seconds) * 1e3), jnp.float32(threshold))
