@@ -8,7 +8,7 @@ compiled loop (shapes stay those of K):
               over what the iterations so far say of alpha (a Beta posterior: few iterations, a
               wide one, which favours drafting more than its mean alone would). k = 0 is not
               drafting at all: the target steps alone, one token for v(0), as autoregressive
-              decoding would, so the policy is never slower than it by more than its bookkeeping;
+              decoding would (plus the loop's bookkeeping; benchmarks/README.md measures it);
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
@@ -33,7 +33,7 @@ from picospec.speculative import ModelDraft, catch_up, score, speculative_step
 from picospec.state import Proposal, Trace, Verdict
 
 
-EVIDENCE_TO_STOP = 16  # judged drafts before k = 0 may be chosen: not drafting judges none, so it is final
+EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop"],
@@ -65,25 +65,26 @@ def alpha_estimate(trace: Trace):
     return (successes + 1.0) / (successes + failures + 2.0)
 
 
-def choose_k(policy: Policy, successes, failures, pool=None):
+def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
+    return k
+
+
+def choose_k(policy: Policy, successes, failures, pool=own):
     """The k in 0..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
     with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
     With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
     k = 0 only once policy.evidence_to_stop drafts were judged: nothing is judged after it, so the
-    evidence, and with it the choice, stays. pool: in a batch, the sum over the rows stepped together,
-    whose k is then the one with the most tokens per unit of time for them all."""
+    evidence, and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
+    their k is the one with the most tokens per unit of time for them all, and their drafts judged
+    count together."""
     K = policy.v.shape[0] - 1
     j = jnp.arange(1, K + 1)  # [K]
     moments = jnp.cumprod((successes + j) / (successes + failures + 1.0 + j))  # [K] E[alpha^j]
     tokens = jnp.concatenate([jnp.ones(1), 1 + jnp.cumsum(moments)])  # [K+1] E[tokens per call], k = 0..K
     rate = tokens / (jnp.arange(K + 1) * policy.c + policy.v)  # [K+1]
-    rate = rate.at[0].set(jnp.where(successes + failures >= policy.evidence_to_stop, rate[0], -jnp.inf))
-    return jnp.argmax(rate if pool is None else pool(rate)).astype(jnp.int32)
-
-
-def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
-    return k
+    rate = rate.at[0].set(jnp.where(pool(successes + failures) >= policy.evidence_to_stop, rate[0], -jnp.inf))
+    return jnp.argmax(pool(rate)).astype(jnp.int32)
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])
@@ -94,7 +95,7 @@ class AdaptiveDraft:
     draft: object  # a ModelDraft, or a draft with nothing to save by stopping (ngram.NGramDraft)
     policy: Policy
     agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
-    pool: Callable | None = None  # in a batch, the rows choose one k together (choose_k)
+    pool: Callable = own  # in a batch, the rows choose one k together (choose_k)
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return self.draft.prefill(tokens, n, prefill_len, max_len)
@@ -204,15 +205,20 @@ def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sa
     return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps
 
 
-def or_target_alone(verify, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
-    """`verify`; or with nothing proposed (p all zero), the target's token, as autoregressive_step draws it."""
-    verdict = verify(key_accept, key_extra, drafted, p, q, greedy)
-    alone = Verdict(jnp.int32(0), sample(jax.random.split(key_extra)[1], q[0], greedy), 0.0, 0.0, 0.0, 0.0, 0.0)
-    return jax.tree_util.tree_map(lambda mine, its: jnp.where(jnp.any(p > 0), mine, its), verdict, alone)
+def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
+    """`verify`; or with nothing proposed (p all zero), the target's token, as autoregressive_step draws
+    it. When no row stepped together proposed anything (k = 0), `verify` is not run at all."""
+    proposed = jnp.any(p > 0)
+    judge = partial(verify, key_accept, key_extra, drafted, p, q, greedy)
+    alone = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(judge))._replace(
+        extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
+    return jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0,
+                        lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone),
+                        lambda: alone)
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):
     """speculative_step for a draft that proposes k <= K tokens: the target scores only the k + 1
     positions it needs, and an iteration with nothing proposed is one autoregressive step of the target."""
-    return speculative_step(draft, target, state, K, sampling, eos_id, partial(or_target_alone, verify),
+    return speculative_step(draft, target, state, K, sampling, eos_id, partial(or_target_alone, verify, draft.agree),
                             partial(score_first, agree=draft.agree))

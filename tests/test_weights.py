@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import huggingface_hub
 import jax
 import numpy as np
 import pytest
@@ -98,7 +99,7 @@ def test_config_of_another_architecture_is_refused(tmp_path):
 
 def test_names_map_to_the_openai_hub_repos(monkeypatch):
     asked = []
-    monkeypatch.setattr(weights, "hf_hub_download", lambda repo, filename: asked.append(repo) or "x")
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", lambda repo, filename: asked.append(repo) or "x")
     for name in ["gpt2", "124M", "gpt2-medium", "355M", "gpt2-large", "774M", "gpt2-xl", "1558M",
                  "someone/my-gpt2"]:
         weights.checkpoint_file(name, "config.json")
@@ -188,9 +189,9 @@ def test_a_sharded_hub_repo_fetches_the_index_then_its_shards(monkeypatch):
     def fake_download(repo, filename):  # the hub, served from the committed folder
         asked.append(filename)
         if not (SHARDED / filename).exists():
-            raise weights.hub_errors.EntryNotFoundError(f"{filename} not found")
+            raise huggingface_hub.errors.EntryNotFoundError(f"{filename} not found")
         return str(SHARDED / filename)
-    monkeypatch.setattr(weights, "hf_hub_download", fake_download)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     model = picospec.load_model("someone/sharded-gpt2")
     assert asked[:3] == ["config.json", "model.safetensors", "model.safetensors.index.json"]
     assert sorted(asked[3:]) == [f"model-0000{i}-of-00005.safetensors" for i in range(1, 6)]

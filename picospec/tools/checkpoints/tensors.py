@@ -67,7 +67,7 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
         if not np.isfinite(array).all():
             raise PicospecError(f"{path}: tensor {key} has values too large for {np.dtype(dtype).name}; "
                                 "load it as float32 or bfloat16 (--dtype)")
-        return jnp.asarray(array)
+        return jax.device_put(array, may_alias=False)
 
     return jax.tree_util.tree_map_with_path(load, wanted)
 
@@ -88,10 +88,11 @@ def _entries(path: Path) -> dict:
 
 
 def _aligned_empty(shape, dtype, alignment=64):
-    """An uninitialised host array at a 64-byte boundary. jnp.asarray still copies it into XLA's memory
-    (jax 0.10.2), but an unaligned one peaks higher (the suite's 150 MB checkpoint in bfloat16: 1.29x the
-    weights aligned, 1.35x not). jax.device_put would adopt it without a copy, but loading 1558M then
-    took 14 s against 8.6 s: the transpose writes into fresh pages, faulting each in mid-stride."""
+    """An uninitialised host array at a 64-byte boundary. It is still copied into XLA's memory
+    (device_put with may_alias=False, as jnp.asarray does, but with no small program compiled for each
+    tensor shape), yet an unaligned one peaks higher (the suite's 150 MB checkpoint in bfloat16: 1.29x
+    the weights aligned, 1.35x not). Adopting it without a copy made loading 1558M take 14 s against
+    8.6 s: the transpose writes into fresh pages, faulting each in mid-stride."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment

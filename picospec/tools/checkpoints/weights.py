@@ -12,8 +12,6 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from huggingface_hub import constants, hf_hub_download
-from huggingface_hub import errors as hub_errors
 from tokenizers import Tokenizer
 
 from picospec import fastpath
@@ -68,7 +66,10 @@ def _folder_file(folder: Path, filename: str) -> Path:
 
 def _hub_file(repo: str, filename: str) -> Path:
     # hf_hub_download uses the standard cache (shared with transformers) and honours HF_HOME,
-    # HF_HUB_OFFLINE and HF_TOKEN; it shows its own progress bars.
+    # HF_HUB_OFFLINE and HF_TOKEN; it shows its own progress bars. Imported here: a local or bundled
+    # checkpoint does not wait for it.
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub import errors as hub_errors
     try:
         return Path(hf_hub_download(repo, filename))
     except hub_errors.LocalEntryNotFoundError:

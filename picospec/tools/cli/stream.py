@@ -26,6 +26,7 @@ from picospec.speculative import start
 from picospec.state import Trace
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, compiled_need
+from picospec.tools.cli.programs import compiled
 from picospec.tools.samplers import plug_in
 
 
@@ -61,19 +62,31 @@ class Timing:
     seconds: float = 0.0  # running them: prefill and every iteration
 
 
-def compile_now(fn, *args, static=(), donate=(), B=1, **static_values):
-    """jit `fn`, compile it for these arguments, refuse it if B rows of it would not fit in memory,
-    and run it once (on copies of the donated ones); returns (compiled, seconds it took). XLA:CPU's
-    kernel library finishes preparing a program on its first run (tens of ms on the bundled pair):
-    that is start-up, counted with compiling."""
+def compile_now(fn, *args, donate=(), B=1, **static):
+    """`fn` compiled for these arguments (programs.py: loaded as exported by an earlier run, or traced
+    now), refused if B rows of it would not fit in memory, and run once (on copies of the donated
+    ones); returns (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program
+    on its first run (tens of ms on the bundled pair): that is start-up, counted with compiling."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn, static_argnames=static, donate_argnames=donate).lower(*args, **static_values).compile()
     names = list(inspect.signature(fn).parameters)
-    copies = sum(x.nbytes for i, a in enumerate(args) if names[i] in donate for x in jax.tree_util.tree_leaves(a))
-    check_memory(compiled_need(compiled) + copies, B)
-    jax.block_until_ready(compiled(*[jax.tree_util.tree_map(lambda x: x.copy(), a) if names[i] in donate else a
-                                     for i, a in enumerate(args)]))
-    return compiled, time.perf_counter() - t0
+    donated = tuple(i for i in range(len(args)) if names[i] in donate)
+    program = compiled(fn, args, static, donated)
+    copies = sum(x.nbytes for i in donated for x in jax.tree_util.tree_leaves(args[i]))
+    check_memory(compiled_need(program) + copies, B)
+    copy = partial(jax.device_put, may_alias=False)  # a buffer copy: no small program compiled per shape
+    jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
+                                    for i, a in enumerate(args)]))
+    return program, time.perf_counter() - t0
+
+
+def speculative_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
+    """Every row's state before its first iteration (speculative.start, vmapped)."""
+    return jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
+
+
+def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
+    """Every row's state before its first step (autoregressive.autoregressive_start, vmapped)."""
+    return jax.vmap(lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len))(tokens, n_prompt, keys)
 
 
 def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
@@ -114,21 +127,20 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
-    n_end = jnp.asarray(n_prompt + n_tokens)
+    tokens, n_prompt, n_end = jax.device_put((tokens, n_prompt, n_prompt + n_tokens))  # from the host, as they are
     if draft is None:
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
-        batched_start = lambda t, x, n, k: jax.vmap(partial(autoregressive_start, t, **sizes))(x, n, k)  # noqa: E731
+        begin, begin_options = autoregressive_starts, sizes
     else:
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy)
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
-        batched_start = lambda d, t, x, n, k: jax.vmap(partial(start, d, t, K=K, **sizes))(x, n, k)  # noqa: E731
-    init, s1 = compile_now(batched_start, *models, tokens, n_prompt, keys, B=len(prompts))
+        begin, begin_options = speculative_start, dict(K=K, **sizes)
+    init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options)
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
-    step, s2 = compile_now(iteration, *models, state, n_end, sampling, static=tuple(options), donate=("state",),
-                           B=len(prompts), **options)
+    step, s2 = compile_now(iteration, *models, state, n_end, sampling, donate=("state",), B=len(prompts), **options)
     timing.compile_seconds += s1 + s2
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced = np.zeros(len(prompts), int)

@@ -1,0 +1,90 @@
+"""Batched autoregressive decoding, every fixed K and `--K auto`, for batches of B = 1..16, in one run.
+
+    python benchmarks/never_slower.py                      # the bundled pair, B = 1, 2, 4, 8, 16, T = 0 and 0.8
+    python benchmarks/never_slower.py --pair gpt2-shaped --batches 1,4 --n-tokens 24
+
+Each contender generates n tokens after each of B prompts (the first words of the held-out verses,
+of different lengths) as one batch; every round runs all the contenders in turn, in a shuffled order,
+and each keeps its fastest round. auto compiles for K_max = 7 (the CLI's) and weighs the iteration
+times tools/cli/costs.py measures for this B (k = 0 included: the target alone). Printed: one
+markdown row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import picospec
+from picospec.batch import batch_buffers
+from picospec.sampling import Sampling
+from picospec.tools.bench.report import cpu_name
+from picospec.tools.checkpoints.weights import BUNDLED_DIR
+from picospec.tools.cli.costs import auto_policy
+from picospec.tools.cli.options import AUTO_K_MAX
+
+sys.path.insert(0, str(Path(__file__).parent))
+from adaptive import gpt2_shaped  # noqa: E402
+
+
+def bundled_prompts(B: int) -> list[list[int]]:
+    """The first 3 to 6 words of each of the first B held-out verses, as token ids."""
+    lines = (BUNDLED_DIR / "heldout_sample.txt").read_text().splitlines()
+    tokenizer = picospec.load_tokenizer("tiny-target")
+    return [tokenizer.encode(" ".join(line.split()[:3 + b % 4])).ids for b, line in enumerate(lines[:B])]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pair", choices=["bundled", "gpt2-shaped"], default="bundled")
+    parser.add_argument("--batches", default="1,2,4,8,16")
+    parser.add_argument("--temperatures", default="0,0.8")
+    parser.add_argument("--n-tokens", type=int, default=64)
+    parser.add_argument("--fixed", default="1,2,3,4,5,6,7", help="the fixed K raced")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.pair == "bundled":
+        draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
+        prompts_for = bundled_prompts
+    else:
+        draft, target, two = gpt2_shaped()
+        prompts_for = lambda B: [two[b % 2][:2 + b % 3] for b in range(B)]  # noqa: E731
+    n, fixed = args.n_tokens, [int(k) for k in args.fixed.split(",")]
+    print(f"Machine: {cpu_name()}; jax {jax.__version__}; {args.pair} pair; {n} tokens after each of B prompts; "
+          f"each contender's best of {args.rounds} rounds\n")
+    print("| T | B | autoregressive tokens/s | best fixed K: tokens/s | auto: tokens/s | auto / autoregressive "
+          "| auto / best fixed | auto's k per call |\n|---|---|---|---|---|---|---|---|")
+    for T in [float(t) for t in args.temperatures.split(",")]:
+        for B in [int(b) for b in args.batches.split(",")]:
+            prompts, keys = prompts_for(B), jax.random.split(jax.random.key(0), B)
+            capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
+            auto = auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B)
+
+            def spec(**kw):
+                return lambda: picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)
+
+            contenders = {"ar": lambda: (picospec.autoregressive_sample_batch(target, prompts, n, keys, temperature=T),)}
+            contenders |= {f"K={K}": spec(K=K) for K in fixed} | {"auto": spec(K=AUTO_K_MAX, policy=auto)}
+            results = {name: jax.block_until_ready(run()) for name, run in contenders.items()}  # compile
+            best = dict.fromkeys(contenders, np.inf)
+            order = np.random.default_rng(B)
+            for _ in range(args.rounds):
+                for name in order.permutation(list(contenders)):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(contenders[name]())
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            speed = {name: B * n / seconds for name, seconds in best.items()}
+            top = max((f"K={K}" for K in fixed), key=speed.get)
+            trace = results["auto"][1]
+            k = np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])]) for b in range(B)])
+            print(f"| {T} | {B} | {speed['ar']:.0f} | {top}: {speed[top]:.0f} | {speed['auto']:.0f} | "
+                  f"{speed['auto'] / speed['ar']:.2f} | {speed['auto'] / speed[top]:.2f} | {k.mean():.2f} "
+                  f"(v ms: {', '.join(f'{x:.2f}' for x in np.asarray(auto.v))}) |", flush=True)
+            jax.clear_caches()  # ten batch sizes' programs would exhaust the process's memory maps
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Start without tracing: the CLI's programs, exported once (jax.export) and loaded on later runs.
+
+JAX's persistent cache (jit_cache.py) keeps XLA's compiled code, but to look it up a run must first
+trace the Python (model, loop, verifier, policy) and lower it to StableHLO: about a second on the
+bundled pair, every run. This keeps the lowered program too. `compiled(fn, args, static, donate)`
+exports `fn` (jax.export: StableHLO in a flatbuffer; nothing is pickled) into a file named by a
+digest of everything the program was traced from: the function's name, the arguments' tree (with the
+static parts of every node, such as the model's config), their shapes and dtypes, the static options,
+the donated arguments, picospec's own source files, the jax and jaxlib versions and the device. A later
+run that finds the file deserializes it and compiles it, which the persistent cache answers: no tracing.
+
+Anything changed gives another digest, so a stale program is never found; a file that cannot be read
+is rebuilt with a one-line note. The files live in programs/ beside the compile cache (a few hundred
+KB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import sys
+from functools import lru_cache, partial
+from pathlib import Path
+
+import jax
+import jaxlib
+from jax import export
+
+import picospec
+from picospec.adaptive import AdaptiveDraft, Policy
+from picospec.autoregressive import DecodeState
+from picospec.gpt2 import GPT2Config, KVCache, Model
+from picospec.ngram import NGramDraft
+from picospec.sampling import Sampling
+from picospec.several import SeveralDrafts
+from picospec.speculative import ModelDraft
+from picospec.state import SpecState, Trace
+from picospec.tools.cli.jit_cache import cache_folder
+
+
+def name(fn) -> str:  # a function as the digest and the files spell it
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def function(spelled: str):
+    """The picospec function `name` spelled (nothing outside picospec is ever imported from a file)."""
+    module, _, qualname = spelled.partition(":")
+    if module != "picospec" and not module.startswith("picospec."):
+        raise ValueError(f"not a picospec function: {spelled}")
+    return getattr(importlib.import_module(module), qualname)
+
+
+def encode(value):  # a static part of a tree node (a dataclass's meta fields) as JSON
+    if callable(value):
+        return {"function": name(value)}
+    if isinstance(value, GPT2Config):
+        return {"GPT2Config": dataclasses.asdict(value)}
+    return value  # a bool, an int or None
+
+
+def decode(value):
+    if isinstance(value, dict) and "function" in value:
+        return function(value["function"])
+    if isinstance(value, dict):
+        return GPT2Config(**value["GPT2Config"])
+    return value
+
+
+for node in (KVCache, SpecState, Trace, DecodeState, ModelDraft):
+    export.register_namedtuple_serialization(node, serialized_name=f"picospec.{node.__name__}")
+for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, SeveralDrafts):
+    export.register_pytree_node_serialization(
+        node, serialized_name=f"picospec.{node.__name__}",
+        serialize_auxdata=lambda meta: json.dumps([encode(x) for x in meta]).encode(),
+        deserialize_auxdata=lambda raw: tuple(decode(x) for x in json.loads(raw)))
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """sha256 over picospec's source files: any edit to the code makes every program stale."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(picospec.__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def describe(tree) -> str:
+    """A tree's structure with the static parts of every node spelled out (functions by name)."""
+    kind, meta = tree.node_data() or (None, None)
+    inside = ", ".join(describe(child) for child in tree.children())
+    spelled = json.dumps([encode(x) for x in meta] if isinstance(meta, tuple) else repr(meta), default=repr)
+    return f"{getattr(kind, '__qualname__', 'leaf')}{spelled}({inside})"
+
+
+def digest(fn, args, static: dict, donate) -> str:
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    device = jax.devices()[0]
+    what = [name(fn), describe(tree), [str(jax.typeof(x)) for x in leaves],
+            sorted((k, name(v) if callable(v) else repr(v)) for k, v in static.items()), sorted(donate),
+            source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
+
+
+def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
+    """fn(*args, **static) compiled: from the exported program an earlier run saved, or traced,
+    exported and saved now. donate: the positions of arguments whose buffers it may reuse."""
+    folder = cache_folder()
+    path = folder.parent / "programs" / f"{digest(fn, args, static, donate)}.jaxexport" if folder else None
+    program = None
+    if path and path.exists():
+        try:
+            program = export.deserialize(bytearray(path.read_bytes()))
+        except Exception as e:  # noqa: BLE001 any damage: a truncated or foreign file
+            print(f"picospec: note: rebuilding {path.name}, which could not be read ({type(e).__name__})",
+                  file=sys.stderr)
+    if program is None:
+        program = export.export(jax.jit(partial(fn, **static)))(*args)
+        if path:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(program.serialize())
+            except OSError:
+                pass  # a read-only cache folder: trace again next time
+    return jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
