@@ -3,8 +3,9 @@ drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch o
 
 They depend on the machine, the pair, the batch size and how tokens are sampled, not on the prompt,
 so they are timed once, at start-up, and kept in costs.json beside the compile cache (jit_cache.py),
-keyed by the device, both models' shapes and dtypes, K_max, the cache capacity, B and the sampling
-mode. Deleting the file only costs the timing again. A batch makes the target's call compute-bound
+keyed by the device, both models' shapes and dtypes, K_max, the cache capacity, B, the sampling
+mode and picospec's source (an edit may change what an iteration costs). Deleting the file only costs
+the timing again. A batch makes the target's call compute-bound
 sooner, so v(k) climbs with B and k = 0 wins more often.
 
 They are timed in place: auto's own compiled iteration (adaptive_step with the policy), with k
@@ -29,6 +30,7 @@ from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.speculative import start
 from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.cli.programs import source_digest
 from picospec.tools.samplers import plug_in
 from picospec.verifiers import accept_or_resample
 
@@ -104,7 +106,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     device = jax.devices()[0]
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
-           f":B{B}:{mode}:iterations")
+           f":B{B}:{mode}:src{source_digest()[:16]}:iterations")
     folder = cache_folder()
     path = folder.parent / "costs.json" if folder else None
     try:
