@@ -189,7 +189,7 @@ for n, b in zip(NS, predicted):
 # %%
 from picospec import adaptive  # noqa: E402
 
-policy = adaptive.Policy(jnp.float32(0.25), 1 + 0.1 * jnp.arange(1, 9, dtype=jnp.float32), jnp.float32(0))
+policy = adaptive.Policy(jnp.float32(0.25), 1 + 0.1 * jnp.arange(0, 9, dtype=jnp.float32), jnp.float32(0))  # k = 0..8
 _, trace = picospec.speculative_sample(draft, target, prompt, 100, jax.random.key(3), K=8, temperature=0.8,
                                        policy=policy)
 steps = int(trace.n_steps)
