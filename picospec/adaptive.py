@@ -32,7 +32,6 @@ from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.speculative import ModelDraft, catch_up, score, speculative_step
 from picospec.state import Proposal, Trace, Verdict
 
-
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
 
 
@@ -212,9 +211,8 @@ def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy:
     judge = partial(verify, key_accept, key_extra, drafted, p, q, greedy)
     alone = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(judge))._replace(
         extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
-    return jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0,
-                        lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone),
-                        lambda: alone)
+    either = lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone)  # noqa: E731
+    return jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):

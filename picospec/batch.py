@@ -16,7 +16,8 @@ the row's length (stale slots) and are never read again.
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
 may add in another order). The one exception is by design: `--K auto` chooses one k for all the rows
-(`together`), the best for the batch rather than for each row alone. Only the buffers are padded to the longest row; the padding is never read.
+(`together`), the best for the batch rather than for each row alone. Only the buffers are padded to
+the longest row; the padding is never read.
 (picospec.tools.samplers holds the entry points that check the inputs, memory and devices first.)
 """
 

@@ -25,8 +25,8 @@ from picospec.sampling import Sampling
 from picospec.speculative import start
 from picospec.state import Trace
 from picospec.tools import checks
-from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.cli.programs import compiled
+from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.samplers import plug_in
 
 
@@ -86,7 +86,8 @@ def speculative_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len
 
 def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
     """Every row's state before its first step (autoregressive.autoregressive_start, vmapped)."""
-    return jax.vmap(lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len))(tokens, n_prompt, keys)
+    row = lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len)  # noqa: E731
+    return jax.vmap(row)(tokens, n_prompt, keys)
 
 
 def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
