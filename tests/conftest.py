@@ -21,6 +21,8 @@ import pytest  # noqa: E402
 from picospec.gpt2 import GPT2Config, Model, init_params  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
+# The device the tests run on, as the CLI's summary and the benchmark's report name it.
+DEVICE = f"{jax.devices()[0].device_kind} ({jax.devices()[0].platform})"
 
 
 def random_model(seed=0, n_layer=2, n_head=2, n_embd=16, vocab_size=8, n_positions=64, std=0.5):

@@ -105,7 +105,8 @@ def test_a_batch_larger_than_memory_is_refused_before_allocating(monkeypatch):
         check_memory(10 ** 6 * per_row, 10 ** 6, available=10 ** 9)
     from picospec.tools import memory
     monkeypatch.setattr(memory, "available_memory", lambda device=None: 10 ** 6)  # as if 1 MB were free
-    with pytest.raises(PicospecError, match=r"of host memory is free; give at most \d+ prompts"):
+    where = "host" if jax.devices()[0].platform == "cpu" else jax.devices()[0].device_kind
+    with pytest.raises(PicospecError, match=rf"but 1.0 MB of {where} memory is free; give at most \d+ prompts"):
         speculative_sample_batch(BIG_DRAFT, BIG_TARGET, [[1]] * 100, 2, jax.random.split(jax.random.key(0), 100))
 
 

@@ -46,6 +46,14 @@ def available_memory(device=None) -> int:
     return 0
 
 
+def size(n_bytes: float) -> str:
+    """Bytes as people read them: 1.2 GB, 350.0 MB, 19.5 kB, 800 bytes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes:.0f} bytes"
+
+
 def check_memory(need: int, B: int, available: int | None = None, device=None):
     """Refuse B rows that need `need` bytes in all when that is more than 80% of what is free."""
     device = device or jax.devices()[0]
@@ -53,6 +61,6 @@ def check_memory(need: int, B: int, available: int | None = None, device=None):
     if available and need > 0.8 * available:
         per_row = need / B
         where = "host memory" if device.platform == "cpu" else f"{device.device_kind} memory"
-        raise PicospecError(f"{B} prompts need about {need / 1e9:.1f} GB ({per_row / 1e6:.1f} MB a row) but "
-                            f"{available / 1e9:.1f} GB of {where} is free; give at most "
+        raise PicospecError(f"{B} prompts need about {size(need)} ({size(per_row)} a row) but "
+                            f"{size(available)} of {where} is free; give at most "
                             f"{max(int(0.8 * available // per_row), 1)} prompts at once, or ask for fewer tokens")
