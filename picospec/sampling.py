@@ -61,6 +61,9 @@ def sample(key, probs, greedy: bool = False):  # [V] -> int32 []
     # Inverse CDF: the first token whose cumulative probability exceeds u ~ U[0, 1), which is the
     # number of tokens whose cumulative probability is at most u. A token of probability 0 adds
     # nothing to the CDF, so it is never drawn.
-    cdf = jnp.cumsum(probs)  # [V]
+    # The cumulative sum as a sum over a sliding window: what jnp.cumsum lowers to on CPU, and a loop-free
+    # kernel on a GPU too, where newer JAX lowers jnp.cumsum to a scan whose portable form is a loop.
+    V = probs.shape[0]
+    cdf = jax.lax.reduce_window(probs, 0.0, jax.lax.add, (V,), (1,), [(V - 1, 0)])  # [V]
     u = jax.random.uniform(key) * cdf[-1]
     return jnp.sum(cdf <= u).astype(jnp.int32)
