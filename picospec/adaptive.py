@@ -96,6 +96,13 @@ class AdaptiveDraft:
     agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
     pool: Callable = own  # in a batch, the rows choose one k together (choose_k)
 
+    @property
+    def may_stop(self) -> bool:  # a policy that weighs k = 0 may choose it, for good
+        return self.policy.auto
+
+    def stopped(self, state):  # bool []: theory chose k = 0, final since nothing more is judged
+        return choose_k(self.policy, *evidence(state.trace), self.pool) == 0
+
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return self.draft.prefill(tokens, n, prefill_len, max_len)
 
@@ -103,12 +110,8 @@ class AdaptiveDraft:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
         k = choose_k(self.policy, *evidence(state.trace), self.pool) if self.policy.auto else jnp.int32(K)
         if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
-            model = self.draft.model
-            drafts = lambda: propose_up_to(model, state.tokens, state.n, state.draft_cache, key, K, k,  # noqa: E731
-                                           self.policy.threshold, sampling, self.agree)
-            none = lambda: Proposal(jnp.zeros(K, jnp.int32), jnp.zeros((K, model.config.vocab_size)),  # noqa: E731
-                                    state.draft_cache, jnp.int32(0))  # k = 0: its cache stays behind
-            return jax.lax.cond(self.agree(k) > 0, drafts, none) if self.policy.auto else drafts()
+            return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
+                                 self.policy.threshold, sampling, self.agree)
         proposal = self.draft.propose(state, key, K, sampling)  # a lookup costs nothing: just cut it
         k = jnp.minimum(k, proposal.k)
         return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0), k=k)

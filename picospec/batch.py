@@ -30,7 +30,7 @@ import numpy as np
 
 from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step, buffers, generated
-from picospec.speculative import accept_or_resample, speculative_step, start
+from picospec.speculative import accept_or_resample, drafting, speculative_step, start, target_alone
 
 
 def batch_buffers(prompts, n_tokens: int, lookahead: int, config) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -86,9 +86,14 @@ def batch_step(step, state, n_end):
     return keep_finished(unfinished(state, n_end), jax.vmap(step, axis_name=ROWS)(state), state)
 
 
-def batch_loop(step, state, n_end):
-    """batch_step while any row is unfinished."""
-    return jax.lax.while_loop(lambda s: jnp.any(unfinished(s, n_end)), lambda s: batch_step(step, s, n_end), state)
+def batch_loop(step, state, n_end, going=lambda s: True):
+    """batch_step while any row is unfinished (and `going`)."""
+    return jax.lax.while_loop(lambda s: jnp.any(unfinished(s, n_end)) & going(s), lambda s: batch_step(step, s, n_end),
+                              state)
+
+
+def batch_drafting(draft, state):  # bool []: the rows' draft has not stopped for good (they stop together)
+    return jnp.all(jax.vmap(lambda row: drafting(draft, row), axis_name=ROWS)(state))
 
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "verify", "step"))
@@ -96,8 +101,11 @@ def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampli
                       verify=accept_or_resample, step=speculative_step):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
     state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
-    draft = in_batch(draft)
-    state = batch_loop(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_prompt + n_tokens)
+    draft, n_end = in_batch(draft), n_prompt + n_tokens
+    state = batch_loop(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_end,
+                       partial(batch_drafting, draft))
+    if draft.may_stop:  # what is left after it stopped: the target alone
+        state = batch_loop(lambda row: target_alone(draft, target, row, K, sampling, eos_id), state, n_end)
     return jax.vmap(lambda x, n: generated(x, n, n_tokens, eos_id))(state.tokens, n_prompt), state.trace
 
 

@@ -32,6 +32,7 @@ class NGramDraft:
 
     max_n: int = 3  # the longest tail tried; then max_n - 1, ..., 1
     vocab_size: int | None = None  # V of the one-hot p: the target's (for_target sets it)
+    may_stop = False  # it looks up until the end
 
     def for_target(self, target) -> "NGramDraft":
         return dataclasses.replace(self, vocab_size=target.config.vocab_size)

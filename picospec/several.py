@@ -40,6 +40,7 @@ class SeveralDrafts:
 
     draft: object  # a ModelDraft
     N: int
+    may_stop = False  # they draft until the end
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int):
         return self.draft.prefill(tokens, n, prefill_len, max_len)

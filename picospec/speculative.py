@@ -31,6 +31,8 @@ because the rejection mass 1 - sum_y min(p, q) equals sum_y max(0, q - p) (p and
 Later chapters plug in without changing this file: a draft is anything with `prefill` and `propose`
 (ngram.py, adaptive.py); steps 3 and 4 any function like accept_or_resample returning a Verdict
 (verifiers.py); step 2 any function like score (adaptive.py); an iteration one built of these (several.py).
+A draft that may stop drafting for good says so (`may_stop`, and `stopped(state)`: adaptive.py's k = 0);
+the loop then goes on with the target alone, autoregressive steps on the same state (`target_alone`).
 """
 
 from functools import partial
@@ -39,7 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from picospec.autoregressive import buffers, generated, prefill
+from picospec.autoregressive import DecodeState, autoregressive_step, buffers, generated, prefill
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.state import Proposal, SpecState, Trace, Verdict, empty_trace
@@ -49,6 +51,7 @@ class ModelDraft(NamedTuple):
     """The paper's draft: a smaller model, behind the two functions every draft offers."""
 
     model: Model
+    may_stop = False  # it drafts until the end
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return prefill(self.model, tokens, n, prefill_len, max_len)
@@ -158,6 +161,21 @@ def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: S
     return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id)
 
 
+def target_alone(draft, target: Model, state: SpecState, K: int, sampling: Sampling, eos_id: int, verify=None):
+    """The iteration once the draft has stopped for good: one autoregressive step of the target on the
+    same state, recorded as an iteration that drafted nothing (k = 0). The draft's cache stays behind."""
+    after = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, state.key, state.done),
+                                sampling, eos_id)
+    nothing, zeros = Proposal(jnp.zeros(K, jnp.int32), None, None, jnp.int32(0)), jnp.zeros(K)
+    verdict = Verdict(jnp.int32(0), after.tokens[state.n], zeros, zeros)
+    return state._replace(tokens=after.tokens, n=after.n, target_cache=after.cache, key=after.key, done=after.done,
+                          trace=record(state.trace, nothing, verdict))
+
+
+def drafting(draft, state: SpecState):  # bool []: the draft has not stopped for good
+    return ~draft.stopped(state) if draft.may_stop else jnp.array(True)
+
+
 def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int) -> SpecState:
     """The state before the first iteration: both caches prefilled with the prompt but its last token."""
     n_prompt = jnp.asarray(n_prompt, jnp.int32)
@@ -170,10 +188,11 @@ def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int,
 def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id,
                      verify=accept_or_resample, step=speculative_step):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
-    state = jax.lax.while_loop(
-        lambda s: (s.n < n_prompt + n_tokens) & ~s.done,
-        lambda s: step(draft, target, s, K, sampling, eos_id, verify),
-        state)
+    going = lambda s: (s.n < n_prompt + n_tokens) & ~s.done  # noqa: E731
+    state = jax.lax.while_loop(lambda s: going(s) & drafting(draft, s),
+                               lambda s: step(draft, target, s, K, sampling, eos_id, verify), state)
+    if draft.may_stop:  # what is left after it stopped: the target alone
+        state = jax.lax.while_loop(going, lambda s: target_alone(draft, target, s, K, sampling, eos_id), state)
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 

@@ -14,6 +14,7 @@ from test_verifiers import (RESIDUALS, V, add, block_law, markov_target_law, mar
 
 import picospec
 from picospec import Sampling, adaptive, theory
+from picospec.tools.cli.stream import stream
 from picospec.verifiers import RULES
 
 POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
@@ -228,3 +229,22 @@ def test_a_batch_chooses_one_k_for_all_its_rows():
     k, n = np.asarray(trace.k), np.asarray(trace.n_steps)
     first = int(n.min())  # iterations every row ran
     assert (k[:, :first] == k[:1, :first]).all() and (k[:, :first] == 0).any() and (k[:, :first] > 0).any()
+
+
+def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
+    """Once k = 0 is chosen the loops go on with the target alone (speculative.target_alone); the CLI's
+    stream switches programs there. Same tokens, same k per iteration, and k = 0 to the end."""
+    prompts, keys = [[1, 4], [3, 3, 0, 5]], jax.random.split(jax.random.key(7), 2)
+    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 12, keys, K=3, temperature=1.0,
+                                                   policy=STOPPING)
+    rows = [[], []]
+    for iteration in stream(DRAFT, TARGET, prompts, 12, keys, K=3, sampling=Sampling(1.0), policy=STOPPING):
+        for b, step in enumerate(iteration):
+            if step is not None:
+                rows[b].append(step)
+    for b in range(2):
+        n = int(trace.n_steps[b])
+        k = np.asarray(trace.k[b, :n])
+        assert (k == 0).any() and (k[np.argmax(k == 0):] == 0).all()  # it stopped, for good
+        assert [s.k for s in rows[b]] == k.tolist()
+        np.testing.assert_array_equal(sum((s.tokens for s in rows[b]), []), out[b])

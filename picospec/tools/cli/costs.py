@@ -9,7 +9,8 @@ the timing again. A batch makes the target's call compute-bound
 sooner, so v(k) climbs with B and k = 0 wins more often.
 
 They are timed in place: auto's own compiled iteration (adaptive_step with the policy), with k
-forced, run over and over from one state. The theory's k c + v(k) counts forward calls only; in
+forced, run over and over from one state; for k = 0 the iteration the loop runs once the draft has
+stopped for good (speculative.target_alone). The theory's k c + v(k) counts forward calls only; in
 place, the sampling, the verifier and the bookkeeping count too (on the bundled pair a draft step
 costs ~0.3 of a target call in place, against ~0.22 for its forward call alone), and so does every
 block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's time.
@@ -28,7 +29,7 @@ from picospec import adaptive
 from picospec.batch import ROWS, in_batch
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.speculative import start
+from picospec.speculative import start, target_alone
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tools.cli.programs import source_digest
 from picospec.tools.samplers import plug_in
@@ -86,8 +87,9 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     state = jax.vmap(lambda key: start(wrapped, target, jnp.ones(capacity, jnp.int32), P, key, K_max, P, capacity))(
         jax.random.split(jax.random.key(0), B))
 
-    def run(k, n):
-        return lambda: jax.block_until_ready(_iterations(forced(k)[0], target, state, K_max, sampling, n, step))
+    def run(k, n):  # k = 0: the iteration once the draft stopped for good, the target alone
+        iteration = step if k > 0 else target_alone
+        return lambda: jax.block_until_ready(_iterations(forced(k)[0], target, state, K_max, sampling, n, iteration))
 
     runs, calls = {}, {}
     for k in range(K_max + 1):

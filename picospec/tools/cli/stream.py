@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from picospec.autoregressive import autoregressive_start, autoregressive_step
-from picospec.batch import batch_buffers, batch_step, in_batch, unfinished
+from picospec.batch import batch_buffers, batch_drafting, batch_step, in_batch, unfinished
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.speculative import start
+from picospec.speculative import start, target_alone
 from picospec.state import Trace
 from picospec.tools import checks
 from picospec.tools.cli.programs import compiled
@@ -91,14 +91,25 @@ def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_l
 
 
 def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
-    """Every unfinished row's iteration; returns the state, which rows ran, which still run, and the
-    trace row each wrote (all [B]: the one read the host makes)."""
-    active = unfinished(state, n_end)  # [B]
+    """Every unfinished row's iteration while the draft drafts; returns the state, and the one read the
+    host makes: which rows ran, which still run, the trace row each wrote (all [B]), and whether the
+    draft still drafts (once it stopped for good, the host runs `target_alone_iteration` instead)."""
     draft = in_batch(draft)
-    state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: step(draft, target, row, K, sampling, eos_id, verify), s, n_end), state)
+    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), draft, state, n_end,
+                          batch_drafting(draft, state))
+
+
+def target_alone_iteration(draft, target, state, n_end, sampling, K, eos_id):
+    """speculative_iteration once the draft has stopped for good: the target's own steps."""
+    draft = in_batch(draft)
+    return rows_iteration(lambda row: target_alone(draft, target, row, K, sampling, eos_id), draft, state, n_end, True)
+
+
+def rows_iteration(one_row, draft, state, n_end, going):
+    active = unfinished(state, n_end) & going  # [B]
+    state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
-    return state, (active, unfinished(state, n_end), rows)
+    return state, (active, unfinished(state, n_end), rows, batch_drafting(draft, state))
 
 
 def autoregressive_iteration(model, state, n_end, sampling, eos_id):
@@ -150,7 +161,12 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         # Dispatch the next iteration before reading this one's report (the one transfer of an
         # iteration): the device runs it while the host reads, decodes and prints.
         state, next_report = step(*models, state, n_end, sampling)
-        ran, running, rows = jax.device_get(report)
+        ran, running, rows, *drafting = jax.device_get(report)
+        if drafting and not drafting[0] and iteration is speculative_iteration:  # the draft stopped for good
+            iteration, options = target_alone_iteration, dict(K=K, eos_id=eos_id)
+            step, spent = compile_now(iteration, *models, state, n_end, sampling, donate=("state",),
+                                      B=len(prompts), **options)
+            timing.compile_seconds, t_start = timing.compile_seconds + spent, t_start + spent
         seconds = time.perf_counter() - t_start
         steps = [None] * len(prompts)
         for b in np.flatnonzero(ran):
