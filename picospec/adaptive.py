@@ -7,13 +7,14 @@ compiled loop (shapes stay those of K):
               with the costs measured on this machine (tools/cli/costs.py) and the expectation taken
               over what the iterations so far say of alpha (a Beta posterior: few iterations, a
               wide one, which favours drafting more than its mean alone would). k = 0 is not
-              drafting at all: the target steps alone, one token for v(0), as autoregressive
-              decoding would (plus the loop's bookkeeping; benchmarks/README.md measures it);
+              drafting at all. It judges no drafts, so the evidence and the choice stay: the draft
+              has stopped for good (`stopped`), and the loop goes on with the target alone, one
+              autoregressive step an iteration (speculative.target_alone);
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
 `adaptive_step` has the target score only the k + 1 positions it needs (score_first); a draft that
-proposes nothing (k = 0, or the n-gram lookup that finds nothing) costs one plain step.
+proposes nothing (the n-gram lookup that finds nothing) costs one plain step.
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification coin.
 Stopping after k drafts is proposing, at position k, a "stop" token the target gives probability 0:

@@ -116,12 +116,12 @@ def block(x, k_cache, v_cache, q_pos, ln_1, attn, ln_2, mlp, n_head, eps, matmul
     return x, k_cache, v_cache
 
 
-def transformer(model: Model, tokens, cache: KVCache, attend=cached_attention):
+def transformer(model: Model, tokens, cache: KVCache, attend=cached_attention, positions=None):
     """tokens [T] at positions [cache.length, cache.length + T) -> logits [T, V], and what `attend`
     returns for each layer's cache: by default its buffers with these keys (n_layer x [H, S, D]) and
-    values written."""
+    values written. (positions [T]: others, for a tree's nodes, which sit at their depth: tree.py.)"""
     params, config = model.params, model.config
-    q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
+    q_pos = cache.length + jnp.arange(tokens.shape[0]) if positions is None else positions  # [T]
     # Gathers clamp out-of-range indices, so a padded position past the context stays harmless.
     x = params["wte"]["weight"][tokens] + params["wpe"]["weight"][q_pos]  # [T, C]
     k_all, v_all = [], []

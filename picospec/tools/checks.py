@@ -11,6 +11,7 @@ from picospec.errors import PicospecError
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.several import CHAINS
+from picospec.tree import CHILDREN, Shape
 from picospec.verifiers import RULES
 
 
@@ -121,6 +122,24 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
     if draft.config.n_positions < target.config.n_positions:
         raise PicospecError(f"the draft's context ({draft.config.n_positions}) is shorter than the "
                             f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
+
+
+def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, policy) -> int | None:
+    """A tree needs a draft model, its own rule (the default verifier), one tree a call and no policy;
+    children one of tree.CHILDREN, and no more siblings than tokens when they must differ. Returns its
+    nodes M (the loop's lookahead), or None without a tree."""
+    if shape is None:
+        return None
+    if not isinstance(shape, Shape) or shape.M < 1:
+        raise PicospecError("tree must be a picospec.tree.Shape with at least one node, e.g. tree.branches(2, 3)")
+    if children not in CHILDREN:
+        raise PicospecError(f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
+    if not isinstance(draft, Model) or rule != "token" or drafts != 1 or policy is not None:
+        raise PicospecError("a tree needs a draft model and is verified by its own rule: leave --verify, "
+                            "--drafts and --K auto out")
+    if children == "distinct" and max(shape.parents.count(j) for j in set(shape.parents)) > target.config.vocab_size:
+        raise PicospecError("a node has more children than the vocabulary has tokens; use a narrower tree")
+    return shape.M
 
 
 def keys(value, B: int):

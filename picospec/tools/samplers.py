@@ -15,14 +15,19 @@ from picospec.speculative import ModelDraft, speculative_step
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
+from picospec.tree import TreeDraft, tree_step
 from picospec.verifiers import RULES
 
 
-def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None):
+def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None, tree=None,
+            children: str = "iid"):
     """The lesson's (draft, step, verify) for these options: the draft a Model or an NGramDraft, the
-    rule a name of verifiers.RULES, drafts the chains per call, policy an adaptive.Policy or None."""
+    rule a name of verifiers.RULES, drafts the chains per call, policy an adaptive.Policy or None,
+    tree a tree.Shape (its children chosen by `children`; the tree's own rule verifies it)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+    if tree is not None:
+        return TreeDraft(draft, tree, children), tree_step, None
     if drafts > 1:
         return SeveralDrafts(draft, drafts), several_step, CHAINS[verify]
     if policy is None and isinstance(draft, NGramDraft):
@@ -33,7 +38,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
 
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
-                       top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1):
+                       top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1, tree=None,
+                       children="iid"):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call.
 
     A pure function of its inputs: jax.jit and jax.vmap (over key) both work.
@@ -48,15 +54,18 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
       policy: an adaptive.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
       drafts: N independent draft chains verified together (several.py; match or token, no policy).
+      tree: a tree.Shape: the draft's guesses as a tree of that shape, scored in one call (K is then
+        its number of nodes M); children: how they are chosen, "iid", "top" or "distinct" (tree.py).
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
     """
     sampling = checks.sampling(temperature, top_k, top_p)
+    K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
     checks.pair(draft, target, K, verify, drafts, policy is not None)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
-    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy)
+    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     return speculative.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
                                           temperature=sampling.temperature, top_k=sampling.top_k,
                                           top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
@@ -80,14 +89,15 @@ def logits(model: Model, tokens) -> jax.Array:
 
 def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys, *, K=4, temperature=1.0,
                              top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1,
-                             mesh=None):
+                             tree=None, children="iid", mesh=None):
     """`speculative_sample` for B prompts at once: prompts is a list of B token lists (any lengths),
     keys a [B] array of keys (e.g. jax.random.split(key, B)). Returns tokens int32 [B, n_tokens] and a
     Trace whose every field has a leading [B]; row b is exactly what the single-prompt call gives.
-    policy, drafts: as for `speculative_sample`.
+    policy, drafts, tree, children: as for `speculative_sample`.
     mesh: a jax.sharding.Mesh (picospec.tools.sharding.make_mesh) to split the rows, and the target's
     weights, across devices."""
     sampling = checks.sampling(temperature, top_k, top_p)
+    K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
     checks.pair(draft, target, K, verify, drafts, policy is not None)
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)
@@ -95,7 +105,7 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     models = [m for m in (draft, target) if isinstance(m, Model)]
     check_memory(drafts * len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
-    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy)
+    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     if mesh is not None:
         draft, target, args = place(mesh, draft, target, args)
     out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,

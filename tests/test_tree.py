@@ -1,0 +1,219 @@
+"""Token trees: the law of the tokens out of a tree, for each way of choosing children, enumerated
+exactly on a 4-token Markov pair (with a control that verifies children as drawn the wrong way), the
+rule as coded sampled against that law, and greedy identity through the real loop."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import early_exit, random_model
+from stats import FAIL, PASS, chi_square_p
+from test_speculative import DRAFT, speculative_triples, target_law
+from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
+
+import picospec
+from picospec import PicospecError, Sampling, speculative, theory
+from picospec.speculative import ModelDraft
+from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain, tree_step, verify_tree
+
+SHAPES = {"binary, depth 2": Shape((0, 0, 1, 1, 2, 2)), "3 from the root, depth 2": Shape((0, 0, 0, 1, 2, 3)),
+          "2 branches, depth 3": branches(2, 3), "uneven, depth 3": Shape((0, 0, 1, 1, 3)),
+          "3 then 1, depth 2": Shape((0, 0, 0, 1))}
+SMALL = ("uneven, depth 3", "3 then 1, depth 2")  # the fast suite's; `pytest -m slow` enumerates all
+
+
+def kids(shape, j):
+    return [c for c in range(1, shape.M + 1) if shape.parents[c - 1] == j]
+
+
+def trial_law(children, p, t, tried):  # the law child t was drawn from, as the verifier must see it
+    if children == "top":
+        return np.eye(V)[t]
+    if children == "distinct":
+        untried = np.where(np.isin(np.arange(V), list(tried)), 0.0, p)
+        return untried / untried.sum()
+    return p
+
+
+def tree_law(shape, children, tokens, P, Q):
+    """The law of one iteration's output block (the accepted path's drafts, then one token) given the
+    tree's tokens (node 0 is the last token x), written out: at each node the children in turn against
+    the residual r, as tree.py's docstring says."""
+    law = {}
+
+    def walk(j, prefix, prob):
+        r, p, tried = Q[tokens[j]].copy(), P[tokens[j]], set()
+        for c in kids(shape, j):
+            t = tokens[c]
+            g = trial_law(children, p, t, tried)
+            accept = min(1.0, r[t] / g[t]) if g[t] > 0 else 0.0
+            if accept > 0:
+                walk(c, prefix + (t,), prob * accept)
+            prob *= 1 - accept
+            residual = np.maximum(r - g, 0)
+            if residual.sum() > 0:
+                r = residual / residual.sum()
+            tried.add(t)
+        for y in range(V):
+            add(law, prefix + (y,), prob * r[y])
+    walk(0, (), 1.0)
+    return law
+
+
+def draws(shape, children, x, P):
+    """Every tree the draft can grow after x, with its probability: children drawn independently from
+    P[parent], the top ones of P[parent], or drawn from it without replacement."""
+    for flat in itertools.product(range(V), repeat=shape.M):
+        tokens, prob = (x,) + flat, 1.0
+        for j in range(shape.M + 1):
+            p, tried = P[tokens[j]], []
+            for rank, c in enumerate(kids(shape, j)):
+                t = tokens[c]
+                if children == "iid":
+                    prob *= p[t]
+                elif children == "top":
+                    prob *= float(t == np.argsort(-p, kind="stable")[rank])
+                else:
+                    prob *= 0.0 if t in tried else p[t] / (1 - p[tried].sum())
+                tried.append(t)
+        if prob > 0:
+            yield tokens, prob
+
+
+def tree_iteration(shape, children, verified_as=None):
+    def iteration(rule, x, K, P, Q):
+        law = {}
+        for tokens, prob in draws(shape, children, x, P):
+            for block, p_block in tree_law(shape, verified_as or children, tokens, P, Q).items():
+                add(law, block, prob * p_block)
+        return law
+    return iteration
+
+
+def law_error(shape, children, seed, verified_as=None, L=3):
+    P, Q = markov_tables(seed)
+    law = stream_law(None, 0, L, None, P, Q, {}, tree_iteration(shape, children, verified_as))
+    target = markov_target_law(0, L, Q)
+    return max(abs(law.get(s, 0.0) - target[s]) for s in target)
+
+
+@pytest.mark.parametrize("name", [name if name in SMALL else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in SHAPES])
+def test_every_way_of_choosing_children_gives_the_targets_law_exactly(name):
+    for children in CHILDREN:
+        for seed in (0, 1) if name in SMALL else (0, 1, 2):
+            assert law_error(SHAPES[name], children, seed) < 1e-6, (children, seed)
+
+
+def test_control_children_verified_as_drawn_another_way_are_off():
+    shape = SHAPES["uneven, depth 3"]
+    assert law_error(shape, "top", 0, verified_as="iid") > 1e-3  # deterministic children taken for draws
+    assert law_error(shape, "distinct", 0, verified_as="iid") > 1e-3  # without replacement taken for with
+
+
+def tokens_per_call(shape, children, seed):
+    P, Q = markov_tables(seed)
+    return sum(prob * len(block) for block, prob in tree_iteration(shape, children)(None, 0, None, P, Q).items())
+
+
+def test_a_tree_keeps_at_least_what_its_longest_chain_keeps():
+    for seed in (0, 1, 2):
+        one = tokens_per_call(chain(2), "iid", seed)
+        assert tokens_per_call(SHAPES["3 then 1, depth 2"], "iid", seed) >= one - 1e-12
+
+
+@pytest.mark.parametrize("children", CHILDREN)
+def test_the_rule_as_coded_draws_its_exact_law(children):
+    """verify_tree on fixed trees, sampled 20 000 times, against tree_law (chi-square)."""
+    shape, (P, Q) = SHAPES["uneven, depth 3"], markov_tables(1)
+    trees = [tokens for tokens, _ in draws(shape, children, 3, P)]
+    tokens = trees[len(trees) // 3]
+    laws = np.stack([P[t] for t in tokens]) * shape.expanded[:, None]  # [M+1, V]
+    q = np.stack([Q[t] for t in tokens])  # [M+1, V]
+    tree = TreeProposal(jnp.array(tokens, jnp.int32), jnp.float32(laws), None)
+
+    def once(k1, k2):
+        path, verdict = verify_tree(k1, k2, shape, children, tree, jnp.float32(q))
+        return path, verdict.n_accepted, verdict.extra
+    n = 20_000
+    path, a, extra = jax.vmap(once)(jax.random.split(jax.random.key(0), n), jax.random.split(jax.random.key(1), n))
+    expected = tree_law(shape, children, tokens, P, Q)
+    cells = {block: i for i, block in enumerate(expected)}
+    index = np.array([cells[tuple(tokens[j] for j in np.asarray(row)[1:1 + int(m)]) + (int(y),)]
+                      for row, m, y in zip(path, a, extra)])
+    assert chi_square_p(index, np.array(list(expected.values()))) > PASS
+
+
+@pytest.mark.parametrize("children", CHILDREN)
+def test_greedy_is_the_targets_greedy_output_for_trees(children):
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    draft = ModelDraft(early_exit(target, 1))
+    key = jax.random.key(1)
+    for shape, prompt in ((SHAPES["binary, depth 2"], [3]), (branches(3, 2), [1, 5, 9, 2])):
+        greedy = picospec.autoregressive_sample(target, prompt, 30, key, temperature=0)
+        spec, _ = speculative.speculative_sample(TreeDraft(draft, shape, children), target, prompt, 30, key,
+                                                 K=shape.M, temperature=0, step=tree_step)
+        np.testing.assert_array_equal(spec, greedy, err_msg=f"{shape}, {children}")
+
+
+def test_theorys_tokens_per_call_of_a_tree_is_the_enumerated_one():
+    """theory.tree_tokens_per_call with each node's edge from theory.child_acceptance equals the mean
+    length of the enumerated output block, for fixed trees of each kind of children."""
+    shape, (P, Q) = SHAPES["uneven, depth 3"], markov_tables(2)
+    for children in CHILDREN:
+        tokens, _ = next(draws(shape, children, 1, P))
+        edges = np.zeros(shape.M)
+        for j in range(shape.M + 1):
+            below = kids(shape, j)
+            edges[np.array(below, int) - 1] = theory.child_acceptance(children, P[tokens[j]], Q[tokens[j]],
+                                                                      [tokens[c] for c in below])
+        enumerated = sum(prob * len(block) for block, prob in tree_law(shape, children, tokens, P, Q).items())
+        assert abs(theory.tree_tokens_per_call(shape.parents, edges) - enumerated) < 1e-12, children
+
+
+def all_trees(M):
+    """Every tree of M drafted nodes (as parents lists where each node's parent comes before it)."""
+    if M == 0:
+        yield ()
+        return
+    for smaller in all_trees(M - 1):
+        for parent in range(M):
+            yield smaller + (parent,)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
+def test_the_optimal_tree_is_the_best_of_every_tree_searched_by_hand(alpha):
+    p = theory.rank_acceptance(alpha, 5)
+    for M in range(1, 6):
+        best = max(theory.tree_tokens_per_call(t, theory.rank_edges(t, p)) for t in all_trees(M))
+        found = theory.optimal_tree(M, p)
+        assert len(found) == M and all(parent < j for j, parent in enumerate(found, 1))
+        assert abs(theory.tree_tokens_per_call(found, theory.rank_edges(found, p)) - best) < 1e-12, (alpha, M)
+    # A chain is the best tree when one guess is almost always right, and its count is the paper's.
+    chain_tokens = theory.tree_tokens_per_call(chain(4).parents, theory.rank_edges(chain(4).parents, p))
+    assert abs(chain_tokens - theory.expected_tokens_per_call(alpha, 4)) < 1e-12
+    # The control: a chain is not optimal at a low alpha and a large budget.
+    wide = theory.optimal_tree(8, theory.rank_acceptance(0.3, 8))
+    assert wide != chain(8).parents
+
+
+@pytest.mark.parametrize("children", ["iid", pytest.param("top", marks=pytest.mark.slow),
+                                      pytest.param("distinct", marks=pytest.mark.slow)])
+def test_the_loop_with_a_tree_follows_the_target_joint_law(children):
+    """The first three tokens of the real loop (picospec.speculative_sample with a tree), sampled."""
+    triples = speculative_triples(K=1, temperature=1.0, tree=SHAPES["3 then 1, depth 2"], children=children)
+    assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
+    assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's law
+
+
+@pytest.mark.parametrize("kw, says", [(dict(tree=(0, 1)), "Shape"), (dict(children="best"), "children"),
+                                      (dict(verify="block"), "own rule"), (dict(drafts=2), "own rule"),
+                                      (dict(draft="ngram"), "draft model")])
+def test_what_a_tree_cannot_do_is_refused(kw, says):
+    target = random_model(vocab_size=8)
+    draft = picospec.NGramDraft(2) if kw.pop("draft", None) else early_exit(target, 1)
+    kw = {"tree": chain(2), **kw}
+    with pytest.raises(PicospecError, match=says):
+        picospec.speculative_sample(draft, target, [1, 4], 8, jax.random.key(0), **kw)
