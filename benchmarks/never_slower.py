@@ -4,8 +4,9 @@
     python benchmarks/never_slower.py --pair gpt2-shaped --batches 1,4 --n-tokens 24
 
 Each contender generates n tokens after each of B prompts (the first words of the held-out verses,
-of different lengths) as one batch; every round runs all the contenders in turn, in a shuffled order,
-and each keeps its fastest round. auto compiles for K_max = 7 (the CLI's) and weighs the iteration
+of different lengths) as one batch, once for each of --seeds sets of keys at T > 0 (one sampled text
+is luck: two contenders' texts differ, and so do their tokens per call, by up to 1.7x at B = 1);
+every round runs all the contenders in turn, in a shuffled order, and each keeps its fastest round. auto compiles for K_max = 7 (the CLI's) and weighs the iteration
 times tools/cli/costs.py measures for this B (k = 0 included: the target alone). Printed: one
 markdown row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto.
 """
@@ -45,6 +46,7 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--fixed", default="1,2,3,4,5,6,7", help="the fixed K raced")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=4, help="sets of keys each contender samples with at T > 0")
     args = parser.parse_args(argv)
     if args.pair == "bundled":
         draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
@@ -59,14 +61,17 @@ def main(argv=None):
           "| auto / best fixed | auto's k per call |\n|---|---|---|---|---|---|---|---|")
     for T in [float(t) for t in args.temperatures.split(",")]:
         for B in [int(b) for b in args.batches.split(",")]:
-            prompts, keys = prompts_for(B), jax.random.split(jax.random.key(0), B)
+            prompts = prompts_for(B)
+            key_sets = [jax.random.split(jax.random.key(seed), B) for seed in range(args.seeds if T > 0 else 1)]
             capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
             auto = auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B)
 
             def spec(**kw):
-                return lambda: picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)
+                return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)
+                                for keys in key_sets]
 
-            contenders = {"ar": lambda: (picospec.autoregressive_sample_batch(target, prompts, n, keys, temperature=T),)}
+            contenders = {"ar": lambda: [picospec.autoregressive_sample_batch(target, prompts, n, keys, temperature=T)
+                                         for keys in key_sets]}
             contenders |= {f"K={K}": spec(K=K) for K in fixed} | {"auto": spec(K=AUTO_K_MAX, policy=auto)}
             results = {name: jax.block_until_ready(run()) for name, run in contenders.items()}  # compile
             best = dict.fromkeys(contenders, np.inf)
@@ -76,10 +81,10 @@ def main(argv=None):
                     t0 = time.perf_counter()
                     jax.block_until_ready(contenders[name]())
                     best[name] = min(best[name], time.perf_counter() - t0)
-            speed = {name: B * n / seconds for name, seconds in best.items()}
+            speed = {name: B * n * len(key_sets) / seconds for name, seconds in best.items()}
             top = max((f"K={K}" for K in fixed), key=speed.get)
-            trace = results["auto"][1]
-            k = np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])]) for b in range(B)])
+            k = np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])]) for _, trace in results["auto"]
+                                for b in range(B)])
             print(f"| {T} | {B} | {speed['ar']:.0f} | {top}: {speed[top]:.0f} | {speed['auto']:.0f} | "
                   f"{speed['auto'] / speed['ar']:.2f} | {speed['auto'] / speed[top]:.2f} | {k.mean():.2f} "
                   f"(v ms: {', '.join(f'{x:.2f}' for x in np.asarray(auto.v))}) |", flush=True)

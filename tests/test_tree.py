@@ -3,6 +3,7 @@ exactly on a 4-token Markov pair (with a control that verifies children as drawn
 rule as coded sampled against that law, and greedy identity through the real loop."""
 
 import itertools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -217,3 +218,15 @@ def test_what_a_tree_cannot_do_is_refused(kw, says):
     kw = {"tree": chain(2), **kw}
     with pytest.raises(PicospecError, match=says):
         picospec.speculative_sample(draft, target, [1, 4], 8, jax.random.key(0), **kw)
+
+
+def test_the_cli_runs_a_tree_greedy_identical_and_reports_it(capsys):
+    from test_cli import PAIR, run_cli
+    code, out, err = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "10", "--tree", "5",
+                             "--mode", "compare", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["identical"] and report["speculative"]["stats"]["tree"]["nodes"] == 5
+    assert all(step["k"] <= 5 and step["accepted"] <= step["k"] for step in report["speculative"]["steps"])
+    code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--tree", "4", "--verify", "block")
+    assert code == 2 and err.count("\n") == 1 and "own rule" in err

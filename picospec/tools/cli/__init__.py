@@ -34,11 +34,13 @@ from picospec.tools.cli.options import (
     k_value,
     make_policy,
     read_prompts,
+    tree_shape,
     use_platform,
 )
 from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
+from picospec.tree import CHILDREN
 from picospec.verifiers import RULES
 
 
@@ -58,6 +60,11 @@ def parse_args(argv):
                         "less than this probability (default 0: never)")
     parser.add_argument("--drafts", type=int, default=1, help="draft chains verified per target call "
                         "(default 1; more need --verify match or token and a whole-number K)")
+    parser.add_argument("--tree", type=int, metavar="M", help="draft a token tree of M nodes a target call, its "
+                        "shape the best for M by theory (tree.py); --K is then M")
+    parser.add_argument("--children", choices=list(CHILDREN), default="iid",
+                        help="with --tree: a node's children drawn independently (iid), the most probable (top), "
+                        "or drawn without replacement (distinct)")
     parser.add_argument("--verify", choices=list(RULES), default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -99,6 +106,7 @@ def load(args):
     draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
+        checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)
         checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K)
     return tokenizer, draft, target
 
@@ -106,7 +114,9 @@ def load(args):
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
-    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts}  # what was asked
+    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
+                "tree": tree_shape(args) and {"nodes": args.tree, "parents": list(tree_shape(args).parents),
+                                              "children": args.children}}  # what was asked
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
@@ -115,7 +125,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
-                            eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts):
+                            eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
+                            tree=tree_shape(args), children=args.children):
         for b, step in enumerate(iteration):
             if step is None:
                 continue

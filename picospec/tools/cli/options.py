@@ -6,11 +6,12 @@ import sys
 
 import jax
 
-from picospec import adaptive
+from picospec import adaptive, theory
 from picospec.batch import batch_buffers
 from picospec.errors import PicospecError
 from picospec.tools import checks
 from picospec.tools.cli.costs import auto_policy
+from picospec.tree import Shape
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
 
@@ -25,7 +26,18 @@ def k_value(text: str):
 
 
 def K_max(args) -> int:
-    return AUTO_K_MAX if args.K == "auto" else args.K
+    return args.tree if args.tree else AUTO_K_MAX if args.K == "auto" else args.K
+
+
+TREE_ALPHA = 0.8  # the acceptance the tree's shape is chosen for
+
+
+def tree_shape(args) -> Shape | None:
+    """--tree M: theory's best tree of M nodes when each trial is accepted with TREE_ALPHA."""
+    if args.tree is None:
+        return None
+    checks.positive("tree", args.tree)
+    return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
 
 
 def make_policy(args, draft, target, prompts):

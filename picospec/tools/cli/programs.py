@@ -36,6 +36,7 @@ from picospec.several import SeveralDrafts
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
 from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tree import Shape, TreeDraft
 
 
 def name(fn) -> str:  # a function as the digest and the files spell it
@@ -55,12 +56,16 @@ def encode(value):  # a static part of a tree node (a dataclass's meta fields) a
         return {"function": name(value)}
     if isinstance(value, GPT2Config):
         return {"GPT2Config": dataclasses.asdict(value)}
-    return value  # a bool, an int or None
+    if isinstance(value, Shape):
+        return {"Shape": list(value.parents)}
+    return value  # a bool, an int, a string or None
 
 
 def decode(value):
     if isinstance(value, dict) and "function" in value:
         return function(value["function"])
+    if isinstance(value, dict) and "Shape" in value:
+        return Shape(tuple(value["Shape"]))
     if isinstance(value, dict):
         return GPT2Config(**value["GPT2Config"])
     return value
@@ -68,7 +73,7 @@ def decode(value):
 
 for node in (KVCache, SpecState, Trace, DecodeState, ModelDraft):
     export.register_namedtuple_serialization(node, serialized_name=f"picospec.{node.__name__}")
-for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, SeveralDrafts):
+for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, SeveralDrafts, TreeDraft):
     export.register_pytree_node_serialization(
         node, serialized_name=f"picospec.{node.__name__}",
         serialize_auxdata=lambda meta: json.dumps([encode(x) for x in meta]).encode(),

@@ -128,11 +128,11 @@ def skip_when_finished(active, step, state):
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
            eos_id: int = -1, timing: Timing | None = None, verify: str = "token",
-           policy=None, drafts: int = 1) -> Iterator[list[Step | None]]:
+           policy=None, drafts: int = 1, tree=None, children: str = "iid") -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
     single-prompt call with keys[b] would). policy: an adaptive.Policy (K is then K_max); drafts: N
-    chains a call (several.py)."""
+    chains a call (several.py); tree, children: a tree.Shape of K nodes and how they are chosen (tree.py)."""
     timing = timing or Timing()
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
@@ -144,7 +144,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         begin, begin_options = autoregressive_starts, sizes
     else:
-        draft, step, rule = plug_in(draft, target, K, verify, drafts, policy)
+        draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
         begin, begin_options = speculative_start, dict(K=K, **sizes)
