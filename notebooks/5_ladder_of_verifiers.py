@@ -209,3 +209,96 @@ fig.legend(loc="upper left", bbox_to_anchor=(0.83, 0.85))
 fig.tight_layout(rect=(0, 0, 0.82, 1))
 plt.show()
 print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, from {k_chosen.min()} to {k_chosen.max()}")
+
+# %% [markdown]
+# ## From chain to tree
+#
+# A chain bets on one guess per position. A tree (`picospec/tree.py`) keeps several: every node is a
+# drafted token whose parent is an earlier node, the target scores all of them in one call (each node
+# attends to the text and to its own ancestors only), and verification walks down from the root,
+# trying a node's children in turn against the residual r, as several drafts do. Below, one real
+# iteration with a tree of 8 nodes, theory's best shape for an acceptance of 0.6, children drawn
+# independently from the draft: the accepted path in bold green, the children tried and rejected in
+# red, the ones never tried in grey.
+
+# %%
+from picospec.autoregressive import buffers  # noqa: E402
+from picospec.sampling import Sampling, logits_to_probs  # noqa: E402
+from picospec.speculative import ModelDraft, start  # noqa: E402
+from picospec.tree import Shape, TreeDraft, feed, verify_tree  # noqa: E402
+
+shape, sampling = Shape(theory.optimal_tree(8, theory.rank_acceptance(0.6, 8))), Sampling(0.8)
+tree_draft = TreeDraft(ModelDraft(draft), shape, "iid")
+tokens_buffer, prefill_len, max_len = buffers(prompt, 16, shape.M, target.config)
+state = start(tree_draft, target, jnp.asarray(tokens_buffer), len(prompt), jax.random.key(5), shape.M, prefill_len,
+              max_len)
+
+
+@jax.jit
+def one_tree(state, key):  # steps 1 to 4 of tree.tree_step: grow, score in one call, walk down
+    key_draft, key_accept, key_extra = jax.random.split(key, 3)
+    grown = tree_draft.propose(state, key_draft, shape.M, sampling)
+    q_tree = logits_to_probs(feed(target, grown.tokens, state.target_cache, state.n - 1, np.arange(shape.M + 1),
+                                  shape)[0], sampling)  # [M+1, V]
+    return grown.tokens, verify_tree(key_accept, key_extra, shape, "iid", grown, q_tree)
+
+
+tree_tokens, (path, verdict) = one_tree(state, jax.random.key(30))
+a, path = int(verdict.n_accepted), [int(j) for j in np.asarray(path)[:int(verdict.n_accepted) + 1]]
+decode = picospec.load_tokenizer("tiny-target").decode
+parents = (None,) + shape.parents
+status = {}
+for j in range(1, shape.M + 1):
+    if j in path:
+        status[j] = "accepted"
+    elif parents[j] in path:  # a sibling on a path node: tried before the accepted child, or all of them
+        nxt = path[path.index(parents[j]) + 1] if path.index(parents[j]) < a else None
+        status[j] = "rejected" if nxt is None or j < nxt else "not tried"
+    else:
+        status[j] = "not reached"
+colour = {"accepted": "C2", "rejected": "C3", "not tried": "0.6", "not reached": "0.8"}
+row = {j: list(shape.level(shape.depth[j])).index(j) for j in range(shape.M + 1)}
+fig, ax = plt.subplots(figsize=(7.5, 2.6))
+for j in range(1, shape.M + 1):
+    ax.plot([shape.depth[parents[j]], shape.depth[j]], [-row[parents[j]], -row[j]], "-",
+            color=colour[status[j]], lw=3 if status[j] == "accepted" else 1)
+for j in range(shape.M + 1):
+    ax.text(shape.depth[j], -row[j], repr(decode([int(tree_tokens[j])])), ha="center", va="center",
+            fontweight="bold" if j in path else "normal", color="k" if j == 0 else colour[status[j]],
+            bbox=dict(boxstyle="round", fc="white", ec=colour.get(status.get(j), "k")))
+ax.set_xlim(-0.5, shape.D + 0.5)
+ax.set_ylim(-max(row.values()) - 0.6, 0.6)
+ax.set_xticks(range(shape.D + 1))
+ax.set_yticks([])
+ax.set_xlabel("depth (position after the text)")
+ax.set_ylabel("nodes at that depth")
+ax.set_title(f"one tree of {shape.M} nodes: drafts accepted {a}, then {decode([int(verdict.extra)])!r}")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Tokens per target call at the same 8 drafted nodes per call (9 positions scored): one chain, two
+# chains from the root, and theory's best tree for the chain's measured α, against what theory
+# predicts for each shape under a constant α. On this pair α is high, so a chain's next node is often
+# worth more than a second child: trees pay where α is lower or the budget larger
+# (`benchmarks/trees.py`).
+
+# %%
+from picospec.tree import branches  # noqa: E402
+
+runs = 4 if QUICK else 32
+keys_tree = jax.random.split(jax.random.key(21), runs)
+_, chain_trace = picospec.speculative_sample_batch(draft, target, [prompt] * runs, 64, keys_tree, K=8, temperature=0.8)
+n_chain = np.asarray(chain_trace.n_steps)
+kept_chain = np.concatenate([np.asarray(chain_trace.n_accepted[b, :n_chain[b]]) for b in range(runs)])
+alpha_chain = theory.alpha_from_trace(kept_chain, 8)
+best = Shape(theory.optimal_tree(8, theory.rank_acceptance(alpha_chain, 8)))
+for name, kw in {"chain of 8": dict(K=8), "2 chains of 4": dict(tree=branches(2, 4)),
+                 "theory's tree": dict(tree=best)}.items():
+    _, tr = picospec.speculative_sample_batch(draft, target, [prompt] * runs, 64, keys_tree, temperature=0.8, **kw)
+    n = np.asarray(tr.n_steps)
+    measured = np.mean([(np.asarray(tr.n_accepted[b, :n[b]]) + 1).mean() for b in range(runs)])
+    parents_of = kw["tree"].parents if "tree" in kw else tuple(range(8))
+    predicted = theory.tree_tokens_per_call(parents_of, theory.rank_edges(parents_of,
+                                                                          theory.rank_acceptance(alpha_chain, 8)))
+    print(f"{name:14s} parents {list(parents_of)}: measured {measured:.2f} tokens per call, theory {predicted:.2f}")

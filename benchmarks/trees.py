@@ -1,0 +1,107 @@
+"""Chains, N chains and token trees at an equal number of nodes scored per target call (M = 4, 8, 16, 32):
+tokens per target call and tokens/s on the bundled pair, beside theory, and v(M) on GPT-2's shapes.
+
+    python benchmarks/trees.py --temperature 0.8
+    python benchmarks/trees.py --temperature 0 --budgets 4,8,16
+
+Contenders for a budget M (each scores M + 1 positions: the newest token and M drafted nodes):
+  chain        K = M drafts in one chain (speculative.py);
+  2 branches   two chains of M / 2 from the root, as one tree (tree.branches);
+  tree iid     theory.optimal_tree for M at the chain's measured alpha, children drawn independently;
+  tree top     the same shape, children the draft's most probable tokens.
+Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
+shape under the rank law alpha (1 - alpha)^(i-1) (theory.tree_tokens_per_call). Tokens/s: the
+compiled loop on each prompt and key in turn, contenders raced round after round, best of --rounds.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import picospec
+from picospec import theory
+from picospec.tools.bench.report import cpu_name
+from picospec.tools.bench.timing import forward_times
+from picospec.tree import Shape, branches
+
+sys.path.insert(0, str(Path(__file__).parent))
+from adaptive import gpt2_shaped  # noqa: E402
+
+PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
+
+
+def contenders(M: int, alpha: float) -> dict:
+    best = Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))
+    found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
+    return found | {"tree iid": dict(tree=best, children="iid"), "tree top": dict(tree=best, children="top")}
+
+
+def shape_of(kw):
+    return kw["tree"].parents if "tree" in kw else tuple(range(kw["K"]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--budgets", default="4,8,16,32")
+    parser.add_argument("--runs", type=int, default=16, help="keys per prompt for tokens per call (default 16)")
+    parser.add_argument("--n-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--v", action="store_true", help="also v(M) on GPT-2 124M -> 355M shapes")
+    args = parser.parse_args(argv)
+    draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
+    tokenizer = picospec.load_tokenizer("tiny-target")
+    prompts, T = [tokenizer.encode(t).ids for t in PROMPTS], args.temperature
+    print(f"Machine: {cpu_name()}; jax {jax.__version__}; bundled pair, T = {T}, {args.n_tokens} tokens\n")
+    print("| M | contender | shape (parents) | tokens per target call | theory | tokens/s |\n|---|---|---|---|---|---|")
+    for M in [int(m) for m in args.budgets.split(",") if m]:
+        def tokens_per_call(kw):  # [prompts x runs] each run's mean tokens per call, and alpha from them
+            calls, kept_all = [], []
+            for i, prompt in enumerate(prompts):
+                _, trace = picospec.speculative_sample_batch(draft, target, [prompt] * args.runs, args.n_tokens,
+                                                             jax.random.split(jax.random.key(100 + i), args.runs),
+                                                             temperature=T, **kw)
+                n, kept = np.asarray(trace.n_steps), np.asarray(trace.n_accepted)
+                calls += [(kept[b, :n[b]] + 1).mean() for b in range(args.runs)]
+                kept_all += [kept[b, :n[b]] for b in range(args.runs)]
+            return calls, theory.alpha_from_trace(np.concatenate(kept_all), M)
+        chain_calls, alpha = tokens_per_call(dict(K=M))  # the shape of the tree is chosen for this alpha
+        race = contenders(M, alpha)
+        per_call = {"chain": chain_calls} | {name: tokens_per_call(kw)[0] for name, kw in race.items()
+                                              if name != "chain"}
+        keys = jax.random.split(jax.random.key(0), 2)
+
+        def run(kw):
+            for prompt in prompts:
+                for key in keys:
+                    picospec.speculative_sample(draft, target, prompt, args.n_tokens, key, temperature=T, **kw)[0] \
+                        .block_until_ready()
+        for kw in race.values():
+            run(kw)  # compile
+        best = dict.fromkeys(race, np.inf)
+        for r in range(args.rounds):
+            for name in np.random.default_rng(r).permutation(list(race)):
+                t0 = time.perf_counter()
+                run(race[name])
+                best[name] = min(best[name], time.perf_counter() - t0)
+        for name, kw in race.items():
+            parents = shape_of(kw)
+            predicted = theory.tree_tokens_per_call(parents, theory.rank_edges(parents, theory.rank_acceptance(
+                alpha, M)))
+            spelled = "chain" if parents == tuple(range(M)) else str(list(parents))
+            print(f"| {M} | {name} | {spelled} | {np.mean(per_call[name]):.2f} ± "
+                  f"{np.std(per_call[name]) / np.sqrt(len(per_call[name])):.2f} | {predicted:.2f} (alpha {alpha:.2f}) "
+                  f"| {len(prompts) * len(keys) * args.n_tokens / best[name]:.0f} |", flush=True)
+    if args.v:
+        _, big, _ = gpt2_shaped()
+        v = forward_times({f"{M + 1}": (big, M + 1) for M in (4, 8, 16, 32)} | {"1": (big, 1)}, capacity=256)
+        print("\nv(M) on GPT-2 355M's shapes (random weights): " +
+              ", ".join(f"{m} positions {v[m] / v['1']:.2f}" for m in v if m != "1"))
+
+
+if __name__ == "__main__":
+    main()
