@@ -231,3 +231,16 @@ def test_the_cli_runs_a_tree_greedy_identical_and_reports_it(capsys):
     assert all(step["k"] <= 5 and step["accepted"] <= step["k"] for step in report["speculative"]["steps"])
     code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--tree", "4", "--verify", "block")
     assert code == 2 and err.count("\n") == 1 and "own rule" in err
+
+
+def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts():
+    from argparse import Namespace
+
+    from picospec.tools.cli.options import TREE_ALPHA, tree_shape
+    target, unrelated = random_model(seed=3, vocab_size=16, n_layer=2), random_model(seed=9, vocab_size=16, n_layer=2)
+    args, prompts = Namespace(tree=8), [[1, 5, 9, 2, 7, 3]]
+    assert tree_shape(args, target, target, prompts, Sampling(1.0)) == chain(8)  # alpha = 1: a chain is best
+    bushy = tree_shape(args, unrelated, target, prompts, Sampling(1.0))  # a draft that is often wrong
+    assert bushy.M == 8 and max(bushy.parents.count(j) for j in bushy.parents) > 1
+    fallback = tree_shape(args, unrelated, target, [[1, 5]], Sampling(1.0))  # too few positions to measure
+    assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))

@@ -115,8 +115,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
     settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
-                "tree": tree_shape(args) and {"nodes": args.tree, "parents": list(tree_shape(args).parents),
-                                              "children": args.children}}  # what was asked
+                "tree": args.shape and {"nodes": args.tree, "parents": list(args.shape.parents),
+                                        "children": args.children}}  # what was asked
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
@@ -126,7 +126,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
-                            tree=tree_shape(args), children=args.children):
+                            tree=args.shape, children=args.children):
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -178,6 +178,7 @@ def main(argv=None) -> int:
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]
         checks.prompts(prompts, args.n_tokens, 0 if args.mode == "autoregressive" else K_max(args), target.config)
+        args.shape = tree_shape(args, draft, target, prompts, checks.sampling(args.temperature, args.top_k, args.top_p))
         modes = ["autoregressive", "speculative"] if args.mode == "compare" else [args.mode]
         results = {}
         for mode in modes:

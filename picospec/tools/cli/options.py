@@ -5,10 +5,13 @@ import argparse
 import sys
 
 import jax
+import numpy as np
 
 from picospec import adaptive, theory
 from picospec.batch import batch_buffers
 from picospec.errors import PicospecError
+from picospec.gpt2 import logits
+from picospec.sampling import logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli.costs import auto_policy
 from picospec.tree import Shape
@@ -29,15 +32,21 @@ def K_max(args) -> int:
     return args.tree if args.tree else AUTO_K_MAX if args.K == "auto" else args.K
 
 
-TREE_ALPHA = 0.8  # the acceptance the tree's shape is chosen for
+TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts are too short to measure it
 
 
-def tree_shape(args) -> Shape | None:
-    """--tree M: theory's best tree of M nodes when each trial is accepted with TREE_ALPHA."""
+def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shape | None:
+    """--tree M: theory's best tree of M nodes (theory.optimal_tree) for the acceptance alpha measured
+    at start-up on the prompts themselves: sum_x min(p, q) at each of their positions, one forward call
+    of each model a prompt (without models, or with fewer than 4 positions: TREE_ALPHA)."""
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
-    return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
+    overlaps = [np.minimum(*(np.asarray(logits_to_probs(logits(model, prompt), sampling)) for model in (draft, target)))
+                .sum(-1) for prompt in prompts if draft is not None and len(prompt) > 1]
+    overlaps = np.concatenate(overlaps) if overlaps else np.zeros(0)
+    alpha = float(overlaps.mean()) if len(overlaps) >= 4 else TREE_ALPHA
+    return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(alpha, args.tree)))
 
 
 def make_policy(args, draft, target, prompts):
