@@ -244,3 +244,13 @@ def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts()
     assert bushy.M == 8 and max(bushy.parents.count(j) for j in bushy.parents) > 1
     fallback = tree_shape(args, unrelated, target, [[1, 5]], Sampling(1.0))  # too few positions to measure
     assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))
+
+
+def test_batch_rows_with_a_tree_are_single_calls():
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    draft, shape = early_exit(target, 1), SHAPES["uneven, depth 3"]
+    prompts, keys = [[1, 4], [2, 0, 3, 5, 6]], jax.random.split(jax.random.key(5), 2)
+    out, _ = picospec.speculative_sample_batch(draft, target, prompts, 12, keys, temperature=1.0, tree=shape)
+    for b, prompt in enumerate(prompts):
+        single, _ = picospec.speculative_sample(draft, target, prompt, 12, keys[b], temperature=1.0, tree=shape)
+        np.testing.assert_array_equal(out[b], single)
