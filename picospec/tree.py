@@ -82,6 +82,10 @@ class Shape:
     def expanded(self) -> np.ndarray:  # bool [M+1]: nodes with children (the draft feeds only those)
         return np.isin(np.arange(self.M + 1), self.parents)
 
+    @cached_property
+    def first_child(self) -> np.ndarray:  # int [M+1]: each node's first child (0 where it has none)
+        return np.array([self.parents.index(j) + 1 if j in self.parents else 0 for j in range(self.M + 1)])
+
 
 def chain(K: int) -> Shape:
     return Shape(tuple(range(K)))
@@ -222,6 +226,10 @@ def tree_step(draft: TreeDraft, target: Model, state, K: int, sampling: Sampling
     a, pad = verdict.n_accepted, lambda x: jnp.zeros(K, x.dtype).at[:shape.D].set(x)  # noqa: E731
     fed = jnp.asarray(shape.expanded)[path[a]]
     draft_cache = keep_path(tree.cache, base, path)._replace(length=state.n + a - 1 + fed)
-    kept = Proposal(pad(tree.tokens[path[1:]]), None, draft_cache, jnp.where(fed, shape.D, a))  # k = a: a leaf's bonus
+    # The trace shows the accepted path, then the first child tried and rejected at its end (as a chain shows
+    # its rejected draft); k = a when the path ended at a leaf, whose extra token is the bonus.
+    shown = jnp.where(jnp.arange(shape.D) == a, tree.tokens[jnp.asarray(shape.first_child)[path[a]]],
+                      tree.tokens[path[1:]])  # [D]
+    kept = Proposal(pad(shown), None, draft_cache, jnp.where(fed, shape.D, a))
     verdict = verdict._replace(p=pad(verdict.p), q=pad(verdict.q))
     return advance(state._replace(key=key), kept, verdict, keep_path(target_cache, base, path), eos_id)

@@ -254,3 +254,16 @@ def test_batch_rows_with_a_tree_are_single_calls():
     for b, prompt in enumerate(prompts):
         single, _ = picospec.speculative_sample(draft, target, prompt, 12, keys[b], temperature=1.0, tree=shape)
         np.testing.assert_array_equal(out[b], single)
+
+
+def test_the_trace_shows_the_accepted_path_then_the_rejected_child():
+    """For a chain-shaped tree, the token after the accepted drafts is the rejected child, which the
+    residual never draws again (r(d) < p(d) made it rejected), and a full path ends in a bonus."""
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    _, trace = picospec.speculative_sample(early_exit(target, 1), target, [1, 2], 40, jax.random.key(3),
+                                           temperature=1.0, tree=chain(3))
+    n = int(trace.n_steps)
+    drafted, a, extra, k = (np.asarray(x[:n]) for x in (trace.drafted, trace.n_accepted, trace.extra, trace.k))
+    rejected = a < k
+    assert rejected.any() and (~rejected).any()
+    assert (drafted[rejected, a[rejected]] != extra[rejected]).all()
