@@ -246,6 +246,7 @@ def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts()
     assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))
 
 
+@pytest.mark.slow
 def test_batch_rows_with_a_tree_are_single_calls():
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     draft, shape = early_exit(target, 1), SHAPES["uneven, depth 3"]
