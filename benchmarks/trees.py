@@ -8,6 +8,7 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
   chain        K = M drafts in one chain (speculative.py);
   2 branches   two chains of M / 2 from the root, as one tree (tree.branches);
   tree iid     theory.optimal_tree for M at the chain's measured alpha, children drawn independently;
+  tree distinct  the same shape, children drawn without replacement;
   tree top     the same shape, children the draft's most probable tokens.
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under the rank law alpha (1 - alpha)^(i-1) (theory.tree_tokens_per_call). Tokens/s: the
@@ -37,7 +38,7 @@ PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, s
 def contenders(M: int, alpha: float) -> dict:
     best = Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
-    return found | {"tree iid": dict(tree=best, children="iid"), "tree top": dict(tree=best, children="top")}
+    return found | {f"tree {children}": dict(tree=best, children=children) for children in ("iid", "distinct", "top")}
 
 
 def shape_of(kw):
@@ -52,6 +53,7 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--v", action="store_true", help="also v(M) on GPT-2 124M -> 355M shapes")
+    parser.add_argument("--only", default="", help="contenders to race, by name, comma-separated (default: all)")
     args = parser.parse_args(argv)
     draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
     tokenizer = picospec.load_tokenizer("tiny-target")
@@ -70,7 +72,8 @@ def main(argv=None):
                 kept_all += [kept[b, :n[b]] for b in range(args.runs)]
             return calls, theory.alpha_from_trace(np.concatenate(kept_all), M)
         chain_calls, alpha = tokens_per_call(dict(K=M))  # the shape of the tree is chosen for this alpha
-        race = contenders(M, alpha)
+        race = {name: kw for name, kw in contenders(M, alpha).items()
+                if not args.only or name in args.only.split(",") or name == "chain"}
         per_call = {"chain": chain_calls} | {name: tokens_per_call(kw)[0] for name, kw in race.items()
                                               if name != "chain"}
         keys = jax.random.split(jax.random.key(0), 2)
