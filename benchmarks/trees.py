@@ -12,12 +12,13 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
   tree top     the same shape, children the draft's most probable tokens.
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under the rank law alpha (1 - alpha)^(i-1) (theory.tree_tokens_per_call). Tokens/s: the
-compiled loop on each prompt and key in turn, contenders raced round after round, best of --rounds.
+compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
+of --rounds.
 """
 
 import argparse
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -27,6 +28,7 @@ import picospec
 from picospec import theory
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times
+from picospec.tools.cli.costs import race_laps
 from picospec.tree import Shape, branches
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -83,14 +85,8 @@ def main(argv=None):
                 for key in keys:
                     picospec.speculative_sample(draft, target, prompt, args.n_tokens, key, temperature=T, **kw)[0] \
                         .block_until_ready()
-        for kw in race.values():
-            run(kw)  # compile
-        best = dict.fromkeys(race, np.inf)
-        for r in range(args.rounds):
-            for name in np.random.default_rng(r).permutation(list(race)):
-                t0 = time.perf_counter()
-                run(race[name])
-                best[name] = min(best[name], time.perf_counter() - t0)
+        laps, _ = race_laps(args.rounds, **{name: partial(run, kw) for name, kw in race.items()})  # first: compile
+        best = {name: min(lap[name] for lap in laps) for name in race}
         for name, kw in race.items():
             parents = shape_of(kw)
             predicted = theory.tree_tokens_per_call(parents, theory.rank_edges(parents, theory.rank_acceptance(

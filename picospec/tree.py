@@ -78,13 +78,16 @@ class Shape:
     def D(self) -> int:  # the deepest level
         return int(self.depth.max())
 
+    def children(self, j: int) -> list[int]:  # node j's children, in the order they are drafted and tried
+        return [c for c, parent in enumerate(self.parents, 1) if parent == j]
+
     @cached_property
     def expanded(self) -> np.ndarray:  # bool [M+1]: nodes with children (the draft feeds only those)
         return np.isin(np.arange(self.M + 1), self.parents)
 
     @cached_property
     def first_child(self) -> np.ndarray:  # int [M+1]: each node's first child (0 where it has none)
-        return np.array([self.parents.index(j) + 1 if j in self.parents else 0 for j in range(self.M + 1)])
+        return np.array([(self.children(j) or [0])[0] for j in range(self.M + 1)])
 
 
 def chain(K: int) -> Shape:
@@ -155,9 +158,9 @@ class TreeDraft:
         laws = jnp.zeros((shape.M + 1,) + p_root.shape).at[0].set(p_root)  # [M+1, V]
         keys = jax.random.split(key, shape.M + 1)
         for d in range(1, shape.D + 1):
-            for parent in np.unique(np.asarray(shape.parents)[shape.level(d) - 1]):
-                tried = jnp.zeros(p_root.shape, bool)  # [V]
-                for rank, j in enumerate(np.flatnonzero(np.asarray(shape.parents) == parent) + 1):
+            for parent in shape.level(d - 1):
+                tried = jnp.zeros(p_root.shape, bool)  # [V]: its children drafted so far
+                for rank, j in enumerate(shape.children(parent)):
                     token = choose(keys[j], laws[parent], rank, tried, self.children)
                     tokens, tried = tokens.at[j].set(token), tried.at[token].set(True)
             fed = shape.level(d)[shape.expanded[shape.level(d)]]  # this level's nodes that have children
