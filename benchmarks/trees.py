@@ -22,14 +22,16 @@ from functools import partial
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import picospec
 from picospec import theory
+from picospec.gpt2 import forward, init_cache
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times
 from picospec.tools.cli.costs import race_laps
-from picospec.tree import Shape, branches
+from picospec.tree import Shape, branches, feed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402
@@ -96,10 +98,37 @@ def main(argv=None):
                   f"{np.std(per_call[name]) / np.sqrt(len(per_call[name])):.2f} | {predicted:.2f} (alpha {alpha:.2f}) "
                   f"| {len(prompts) * len(keys) * args.n_tokens / best[name]:.0f} |", flush=True)
     if args.v:
-        _, big, _ = gpt2_shaped()
-        v = forward_times({f"{M + 1}": (big, M + 1) for M in (4, 8, 16, 32)} | {"1": (big, 1)}, capacity=256)
-        print("\nv(M) on GPT-2 355M's shapes (random weights): " +
-              ", ".join(f"{m} positions {v[m] / v['1']:.2f}" for m in v if m != "1"))
+        tree_call_costs()
+
+
+@partial(jax.jit, static_argnames=("shape",))
+def _tree_calls(model, shape: Shape, calls, cache):
+    """`calls` tree calls (tree.feed: all M + 1 nodes, the tree's mask and positions) in one compiled loop."""
+    nodes, base = np.arange(shape.M + 1), cache.length - 1
+
+    def call(_, tokens):
+        logits, _ = feed(model, tokens, cache, base, nodes, shape)  # [M+1, V]
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    return jax.lax.fori_loop(0, calls, call, jnp.zeros(shape.M + 1, jnp.int32))
+
+
+def tree_call_costs(alpha=0.8, capacity=256):
+    """v(M) on GPT-2 355M's shapes: one call scoring M + 1 positions, causal (a chain) and with theory's
+    tree for M at alpha (tree attention), over one call of one token, all raced together."""
+    _, big, _ = gpt2_shaped()
+    filled = jnp.zeros(32, jnp.int32)
+    cache = forward(big, filled, init_cache(big.config, capacity, big.params["wte"]["weight"].dtype))[1]
+    budgets, n = (4, 8, 16, 32), 8
+    trees = {f"tree {M}": partial(lambda shape: _tree_calls(big, shape, jnp.int32(n), cache).block_until_ready(),
+                                  Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))) for M in budgets}
+    v = forward_times({f"chain {M}": (big, M + 1) for M in budgets} | {"1": (big, 1)}, capacity=capacity,
+                      others=trees)
+    v |= {name: v[name] / n for name in trees}
+    print(f"\nv(M) / v(1) on GPT-2 355M's shapes, random weights ({jax.devices()[0].device_kind}; "
+          f"v(1) = {v['1'] * 1e3:.2f} ms):")
+    print("| M | chain (causal call, M + 1 positions) | theory's tree at alpha 0.8 (tree attention) |\n|---|---|---|")
+    for M in budgets:
+        print(f"| {M} | {v[f'chain {M}'] / v['1']:.2f} | {v[f'tree {M}'] / v['1']:.2f} |")
 
 
 if __name__ == "__main__":
