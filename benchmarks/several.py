@@ -7,8 +7,8 @@ Tokens per call: the mean over B runs per prompt (one batch each). Tokens/s: spe
 compiled loop, the contenders raced in turn, best of `rounds`. Theory: alpha_N, the chance that one
 of N drafts is accepted at a position (theory.alpha_several), averaged over the held-out text's
 positions, and the tokens per call it gives if every chain stayed alive at every depth (an upper
-bound: only the chains that drafted the accepted token go on). v: the target scoring N (K + 1)
-tokens over one.
+bound: only the chains that drafted the accepted token go on). v: the target's one call of N K + 1
+tokens (the root and N chains of K, as one tree) over a call of one.
 """
 
 import argparse
@@ -42,7 +42,7 @@ def main(argv=None):
     K, T, sampling = args.K, args.temperature, Sampling(args.temperature)
     text = tokenizer.encode(HELDOUT.read_text()).ids[:target.config.n_positions]
     p, q = (np.asarray(logits_to_probs(picospec.logits(m, text), sampling)) for m in (draft, target))
-    v = forward_times({f"N={N}": (target, N * (K + 1)) for N in (1, 2, 4)} | {"one": (target, 1)}, capacity=128)
+    v = forward_times({f"N={N}": (target, N * K + 1) for N in (1, 2, 4)} | {"one": (target, 1)}, capacity=128)
     print(f"Machine: {cpu_name()}; jax {jax.__version__}; bundled pair, K = {K}, T = {T}\n")
     contenders = {(N, rule): dict(K=K, drafts=N, verify=rule) for N in (1, 2, 4) for rule in ("match", "token")}
     keys = jax.random.split(jax.random.key(0), 4)
@@ -60,7 +60,7 @@ def main(argv=None):
             t0 = time.perf_counter()
             run(kw)
             best[name] = min(best[name], time.perf_counter() - t0)
-    print("| N | rule | tokens per target call | theory, all chains alive | tokens/s | v(N(K+1)) |\n"
+    print("| N | rule | tokens per target call | theory, all chains alive | tokens/s | v(NK+1) |\n"
           "|---|---|---|---|---|---|")
     for (N, rule), kw in contenders.items():
         per_call = []

@@ -18,6 +18,7 @@ of --rounds.
 
 import argparse
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -57,12 +58,18 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--v", action="store_true", help="also v(M) on GPT-2 124M -> 355M shapes")
+    parser.add_argument("--draft-layers", type=int, default=0,
+                        help="a weaker draft: the bundled draft's first N layers (default: all of them)")
     parser.add_argument("--only", default="", help="contenders to race, by name, comma-separated (default: all)")
     args = parser.parse_args(argv)
     draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
+    if args.draft_layers:  # its embeddings, first blocks and final norm: lower acceptance, where trees pay
+        draft = replace(draft, config=replace(draft.config, n_layer=args.draft_layers),
+                        params={**draft.params, "h": draft.params["h"][:args.draft_layers]})
     tokenizer = picospec.load_tokenizer("tiny-target")
     prompts, T = [tokenizer.encode(t).ids for t in PROMPTS], args.temperature
-    print(f"Machine: {cpu_name()}; jax {jax.__version__}; bundled pair, T = {T}, {args.n_tokens} tokens\n")
+    which = f"the draft's first {args.draft_layers} layers" if args.draft_layers else "bundled pair"
+    print(f"Machine: {cpu_name()}; jax {jax.__version__}; {which}, T = {T}, {args.n_tokens} tokens\n")
     print("| M | contender | shape (parents) | tokens per target call | theory | tokens/s |\n|---|---|---|---|---|---|")
     for M in [int(m) for m in args.budgets.split(",") if m]:
         def tokens_per_call(kw):  # [prompts x runs] each run's mean tokens per call, and alpha from them

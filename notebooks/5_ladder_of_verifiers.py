@@ -136,8 +136,8 @@ for K in KS:
 # %% [markdown]
 # ## Several drafts
 #
-# With `drafts=N` the draft samples N independent chains and the target scores all N (K + 1)
-# positions in one call (`picospec/several.py`). At each depth the chains still alive are tried in
+# With `drafts=N` the draft samples N independent chains, and the target scores them in one call as
+# the tree of N branches from the root: N K + 1 positions in one cache (`picospec/several.py`). At each depth the chains still alive are tried in
 # turn against a residual that shrinks after every rejection (recursive rejection sampling), so one
 # position is kept with chance α_N = 1 − Π_m (1 − Σ_x min(p, r_m)) (`theory.alpha_several`), more than
 # α. Below, tokens per call **measured** for N = 1, 2, 4 (token rule, K = 3, temperature 0.8) beside

@@ -14,39 +14,28 @@ to be independent draws from p: N copies of one chain, or chains made unlike on 
 are not, and their output law is off (by up to 0.06 in tests/test_several.py's enumeration). SpecTr
 (Sun et al. 2023) verifies several candidates differently: K-SEQ accepts each against one fixed
 residual with min(1, q/(rho p)).
+Where tree.verify_tree follows the one node accepted, this rule keeps every chain that drafted the
+accepted prefix alive, so a second chain's next draft is still tried after the first chain's equal
+token was the one accepted: more drafts kept, the same law.
 The match rule has a several-draft form too: the target samples t_i ~ q and any alive chain that
 drafted it keeps going. Block verification judges one chain at a time, so it is not offered with N > 1.
 
-The N chains are the draft's and the target's batch dimension: each chain writes its own copy of the
-caches, and the chosen chain's copy is kept. Run SeveralDrafts with `several_step` and a rule of CHAINS.
+N chains are the tree with N branches from the root (tree.branches): the draft grows them together,
+one call a depth, and the target scores all N K + 1 nodes in one call, each chain seeing only its own
+tokens (tree attention). One cache serves every chain; the chain kept moves to consecutive slots as
+a tree's accepted path does. Run them as tree.TreeDraft(draft, tree.branches(N, K), "iid") with
+tree.tree_step and a rule of BRANCHES.
 """
-
-from dataclasses import dataclass
-from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from picospec.sampling import sample
-from picospec.speculative import accept_or_resample, advance, at, residual, score
-from picospec.state import Proposal, Verdict
+from picospec.speculative import accept_or_resample, at, residual
+from picospec.state import Verdict
+from picospec.tree import Shape
 from picospec.verifiers import match_rule
-
-
-@partial(jax.tree_util.register_dataclass, data_fields=["draft"], meta_fields=["N"])
-@dataclass(frozen=True)
-class SeveralDrafts:
-    """N chains from one draft, each with its own key."""
-
-    draft: object  # a ModelDraft
-    N: int
-    may_stop = False  # they draft until the end
-
-    def prefill(self, tokens, n, prefill_len: int, max_len: int):
-        return self.draft.prefill(tokens, n, prefill_len, max_len)
-
-    def propose(self, state, key, K: int, sampling) -> Proposal:  # drafted [N, K], p [N, K, V], N draft caches
-        return jax.vmap(lambda key: self.draft.propose(state, key, K, sampling))(jax.random.split(key, self.N))
 
 
 def token_chains(key_accept, key_extra, drafted, p, q, greedy: bool = False):
@@ -96,13 +85,25 @@ def match_chains(key_accept, key_extra, drafted, p, q, greedy: bool = False):
 CHAINS = {accept_or_resample: token_chains, match_rule: match_chains}  # each one-chain rule's N-chain form
 
 
-def several_step(draft: SeveralDrafts, target, state, K: int, sampling, eos_id: int, verify):
-    """One iteration with N draft chains: draft them, score all N (K + 1) positions in one target call,
-    keep one chain's accepted drafts and one more token. verify: a rule of CHAINS."""
-    key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
-    chains = draft.propose(state, key_draft, K, sampling)  # Step 1, N times
-    q, target_caches = jax.vmap(lambda chain: score(target, state.tokens, state.n, chain, state.target_cache,
-                                                    sampling))(chains)  # Step 2: [N, K+1, V], N target caches
-    j, verdict = verify(key_accept, key_extra, chains.drafted, chains.p, q, sampling.greedy)  # Steps 3, 4
-    chosen = lambda tree: jax.tree_util.tree_map(lambda x: x[j], tree)  # noqa: E731  chain j's
-    return advance(state._replace(key=key), chosen(chains), verdict, chosen(target_caches), eos_id)  # Step 5
+def chain_nodes(shape: Shape) -> np.ndarray:  # int [N, K+1]: chain j's nodes, from the root
+    N, K = len(shape.children(0)), shape.D
+    return np.concatenate([np.zeros((N, 1), int), 1 + np.arange(K)[None, :] * N + np.arange(N)[:, None]], 1)
+
+
+def on_branches(rule, key_accept, key_extra, shape: Shape, tree, q, greedy: bool):
+    """A rule of CHAINS on a tree of branches: chain j's drafts, their laws p and the target's q read
+    from the tree's nodes; returns the path of the chain kept (as tree.verify_tree does) and the Verdict."""
+    nodes = chain_nodes(shape)  # [N, K+1]
+    j, verdict = rule(key_accept, key_extra, tree.tokens[nodes[:, 1:]], tree.laws[nodes[:, :-1]], q[nodes], greedy)
+    return jnp.asarray(nodes)[j], verdict
+
+
+def token_branches(key_accept, key_extra, shape: Shape, children: str, tree, q, greedy: bool = False):
+    return on_branches(token_chains, key_accept, key_extra, shape, tree, q, greedy)
+
+
+def match_branches(key_accept, key_extra, shape: Shape, children: str, tree, q, greedy: bool = False):
+    return on_branches(match_chains, key_accept, key_extra, shape, tree, q, greedy)
+
+
+BRANCHES = {accept_or_resample: token_branches, match_rule: match_branches}  # each rule's form for tree.tree_step

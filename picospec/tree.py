@@ -3,7 +3,7 @@
 A chain of K drafts bets everything on one guess per position. A tree keeps several: node 0 is the
 newest token x[n-1], and every other node j is a drafted token whose parent is an earlier node, at the
 depth of its path (SpecInfer, Miao et al. 2023; Sequoia, Chen et al. 2024). One chain is the tree with
-one child per node; N chains, the tree with N branches from the root. The shape is static (`Shape`:
+one child per node; N chains, the tree with N branches from the root (several.py). The shape is static (`Shape`:
 each node's parent, level by level), so the whole iteration compiles once.
 
   1. the draft grows the tree level by level: one call feeds a level's nodes, each attending to the
@@ -21,7 +21,7 @@ Why it is lossless: every trial is speculative.py's one-position step against th
 the token leaving node j follows q_j, provided g_c is the law child c really was drawn from given what
 the verifier has seen so far. That decides the rule for each way of choosing children:
   "iid"      each child drawn independently from p_j: g_c = p_j (SpecInfer's multi-step speculative
-             sampling; several.py does the same across chains).
+             sampling).
   "top"      the b most probable tokens of p_j, chosen deterministically: g_c = the one-hot of c, so
              the trial accepts c with probability r(c) and a rejection removes c from r.
   "distinct" drawn without replacement from p_j: g_c = p_j renormalized over the siblings not yet tried.
@@ -215,16 +215,17 @@ def keep_path(cache: KVCache, base, path) -> KVCache:
     return KVCache([move(b) for b in cache.k], [move(b) for b in cache.v], cache.length)
 
 
-def tree_step(draft: TreeDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify=None):
+def tree_step(draft: TreeDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify=verify_tree):
     """One iteration with a tree: draft it, score its M + 1 nodes in one target call, keep the accepted
-    path and one more token. K: the loop's lookahead, M (the tree's nodes)."""
+    path and one more token. K: the loop's lookahead, M (the tree's nodes). verify: verify_tree, or a
+    rule of the same form (several.py's)."""
     shape, base = draft.shape, state.n - 1
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     tree = draft.propose(state, key_draft, K, sampling)  # Step 1
     everything = np.arange(shape.M + 1)
     logits, target_cache = feed(target, tree.tokens, state.target_cache, base, everything, shape)  # Step 2
     q = logits_to_probs(logits, sampling)  # [M+1, V]
-    path, verdict = verify_tree(key_accept, key_extra, shape, draft.children, tree, q, sampling.greedy)  # 3, 4
+    path, verdict = verify(key_accept, key_extra, shape, draft.children, tree, q, sampling.greedy)  # Steps 3, 4
     # Step 5: the path to consecutive slots; the draft holds it up to its last fed node.
     a, pad = verdict.n_accepted, lambda x: jnp.zeros(K, x.dtype).at[:shape.D].set(x)  # noqa: E731
     fed = jnp.asarray(shape.expanded)[path[a]]

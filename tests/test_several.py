@@ -172,3 +172,27 @@ def test_theorys_alpha_for_several_drafts_is_the_enumerated_acceptance():
         accepted = sum(prob for block, prob in law.items() if len(block) == 2)
         assert abs(theory.alpha_several(P[1], Q[1], N) - accepted) < 1e-9
     assert abs(theory.alpha_several(P[1], Q[1], 1) - theory.alpha_exact(P[1], Q[1])) < 1e-12
+
+
+def test_several_drafts_are_one_tree_with_one_cache():
+    """N chains run as the tree of N branches: one cache per model, never N copies ([N, H, S, D]),
+    and one target call of N K + 1 positions."""
+    from picospec.autoregressive import buffers
+    from picospec.several import token_branches
+    from picospec.speculative import ModelDraft, speculative_loop
+    from picospec.tree import TreeDraft, branches, tree_step
+    target = random_model(n_layer=1, vocab_size=16, n_positions=64)
+    draft = ModelDraft(early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1))
+    N, K = 3, 2
+    tokens, prefill_len, max_len = buffers([1, 2], 8, N * K, target.config)
+    copies = f"tensor<{N}x{target.config.n_head}x{max_len}x{target.config.head_dim}xf32>"
+    text = speculative_loop.lower(TreeDraft(draft, branches(N, K)), target, tokens, 2, jax.random.key(0), 8, N * K,
+                                  Sampling(0.8), prefill_len, max_len, -1, verify=token_branches,
+                                  step=tree_step).as_text()
+    assert "stablehlo.while" in text and copies not in text
+    assert f"tensor<{N * K + 1}x{target.config.n_embd}xf32>" in text  # the target's one call: N K + 1 nodes
+    # The control: N chains drafted apart (a vmap over their keys) hold N copies of the draft's cache.
+    state = picospec.speculative.start(draft, target, jnp.asarray(tokens), 2, jax.random.key(0), K, prefill_len,
+                                       max_len)
+    apart = jax.jit(lambda state, keys: jax.vmap(lambda key: draft.propose(state, key, K, Sampling(0.8)))(keys))
+    assert copies in apart.lower(state, jax.random.split(jax.random.key(1), N)).as_text()

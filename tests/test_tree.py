@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import early_exit, random_model
+from conftest import DATA, early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
-from test_speculative import DRAFT, speculative_triples, target_law
+from test_speculative import DRAFT, TARGET, speculative_triples, target_law
 from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
@@ -147,8 +147,22 @@ def test_the_rule_as_coded_draws_its_exact_law(children):
     assert chi_square_p(index, np.array(list(expected.values()))) > PASS
 
 
-@pytest.mark.parametrize("children", ["iid", pytest.param("top", marks=pytest.mark.slow),
-                                      pytest.param("distinct", marks=pytest.mark.slow)])
+def test_greedy_is_the_targets_greedy_output_on_transformers_written_checkpoints():
+    """A checkpoint transformers wrote (tests/make_reference_data.py), drafted for by its own first layer:
+    a tree and several drafts (the tree of their branches) give the target's greedy output."""
+    target = picospec.load_model(str(DATA / "tiny-hub"))
+    draft = early_exit(target, 1)
+    prompt, key = [5, 17, 3], jax.random.key(0)
+    greedy = picospec.autoregressive_sample(target, prompt, 24, key, temperature=0)
+    for kw in (dict(tree=Shape((0, 0, 1, 2, 3))), dict(K=2, drafts=3)):
+        spec, trace = picospec.speculative_sample(draft, target, prompt, 24, key, temperature=0, **kw)
+        np.testing.assert_array_equal(spec, greedy, err_msg=str(kw))
+        kept = np.asarray(trace.n_accepted[:int(trace.n_steps)])
+        assert kept.min() < kept.max(), kept  # paths of different depths: drafts kept, and rejected
+
+
+@pytest.mark.slow  # the fast suite checks one tree on a transformers-written checkpoint (above)
+@pytest.mark.parametrize("children", CHILDREN)
 def test_greedy_is_the_targets_greedy_output_for_trees(children):
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     draft = ModelDraft(early_exit(target, 1))
@@ -156,7 +170,7 @@ def test_greedy_is_the_targets_greedy_output_for_trees(children):
     for shape, prompt in ((SHAPES["binary, depth 2"], [3]), (branches(3, 2), [1, 5, 9, 2])):
         greedy = picospec.autoregressive_sample(target, prompt, 30, key, temperature=0)
         spec, _ = speculative.speculative_sample(TreeDraft(draft, shape, children), target, prompt, 30, key,
-                                                 K=shape.M, temperature=0, step=tree_step)
+                                                 K=shape.M, temperature=0, step=tree_step, verify=verify_tree)
         np.testing.assert_array_equal(spec, greedy, err_msg=f"{shape}, {children}")
 
 
@@ -268,3 +282,14 @@ def test_the_trace_shows_the_accepted_path_then_the_rejected_child():
     rejected = a < k
     assert rejected.any() and (~rejected).any()
     assert (drafted[rejected, a[rejected]] != extra[rejected]).all()
+
+
+def test_a_chain_shaped_tree_runs_as_a_chain():
+    """Theory's tree is often the chain itself: it then runs on speculative.py's step (the same law, less
+    machinery), unless its children are chosen another way than i.i.d."""
+    from picospec.speculative import accept_or_resample, speculative_step
+    from picospec.tools.samplers import plug_in
+    _, step, verify = plug_in(DRAFT, TARGET, 3, tree=chain(3))
+    assert step is speculative_step and verify is accept_or_resample
+    assert plug_in(DRAFT, TARGET, 3, tree=chain(3), children="top")[1] is tree_step
+    assert plug_in(DRAFT, TARGET, 3, tree=Shape((0, 0, 1)))[1:] == (tree_step, verify_tree)

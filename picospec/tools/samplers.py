@@ -10,12 +10,12 @@ from picospec.adaptive import AdaptiveDraft, adaptive_step, fixed
 from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
-from picospec.several import CHAINS, SeveralDrafts, several_step
+from picospec.several import BRANCHES
 from picospec.speculative import ModelDraft, speculative_step
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
-from picospec.tree import TreeDraft, tree_step
+from picospec.tree import TreeDraft, branches, chain, tree_step, verify_tree
 from picospec.verifiers import RULES
 
 
@@ -23,18 +23,24 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
             children: str = "iid"):
     """The lesson's (draft, step, verify) for these options: the draft a Model or an NGramDraft, the
     rule a name of verifiers.RULES, drafts the chains per call, policy an adaptive.Policy or None,
-    tree a tree.Shape (its children chosen by `children`; the tree's own rule verifies it)."""
+    tree a tree.Shape (its children chosen by `children`; the tree's own rule verifies it, or with
+    several drafts, the tree of their branches (as_tree), the rule's form for chains)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+    if tree == chain(K) and children == "iid" and drafts == 1:  # the tree is a chain: run it as one, on
+        return draft, speculative_step, verify  # speculative.py's step (the same law, less machinery)
     if tree is not None:
-        return TreeDraft(draft, tree, children), tree_step, None
-    if drafts > 1:
-        return SeveralDrafts(draft, drafts), several_step, CHAINS[verify]
+        return TreeDraft(draft, tree, children), tree_step, BRANCHES[verify] if drafts > 1 else verify_tree
     if policy is None and isinstance(draft, NGramDraft):
         policy = fixed(K)  # a lookup may find nothing: it runs as a draft that proposes fewer than K
     if policy is not None:
         return AdaptiveDraft(draft, policy), adaptive_step, verify
     return draft, speculative_step, verify
+
+
+def as_tree(K: int, drafts: int, tree):
+    """Several drafts run as the tree of their branches (several.py): the loop's lookahead, and the tree."""
+    return (drafts * K, branches(drafts, K)) if drafts > 1 else (K, tree)
 
 
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
@@ -63,6 +69,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
     checks.pair(draft, target, K, verify, drafts, policy is not None)
+    K, tree = as_tree(K, drafts, tree)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
     draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
@@ -99,11 +106,12 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
     checks.pair(draft, target, K, verify, drafts, policy is not None)
+    K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
     models = [m for m in (draft, target) if isinstance(m, Model)]
-    check_memory(drafts * len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
+    check_memory(len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
     draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     if mesh is not None:

@@ -32,7 +32,6 @@ from picospec.autoregressive import DecodeState
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
-from picospec.several import SeveralDrafts
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
 from picospec.tools.cli.jit_cache import cache_folder
@@ -73,7 +72,7 @@ def decode(value):
 
 for node in (KVCache, SpecState, Trace, DecodeState, ModelDraft):
     export.register_namedtuple_serialization(node, serialized_name=f"picospec.{node.__name__}")
-for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, SeveralDrafts, TreeDraft):
+for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, TreeDraft):
     export.register_pytree_node_serialization(
         node, serialized_name=f"picospec.{node.__name__}",
         serialize_auxdata=lambda meta: json.dumps([encode(x) for x in meta]).encode(),

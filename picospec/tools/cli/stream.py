@@ -27,7 +27,7 @@ from picospec.state import Trace
 from picospec.tools import checks
 from picospec.tools.cli.programs import compiled
 from picospec.tools.memory import check_memory, compiled_need
-from picospec.tools.samplers import plug_in
+from picospec.tools.samplers import as_tree, plug_in
 
 
 @dataclass
@@ -136,6 +136,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     timing = timing or Timing()
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
+        K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
