@@ -9,7 +9,8 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
   2 branches   two chains of M / 2 from the root, as one tree (tree.branches);
   tree iid     theory.optimal_tree for M at the chain's measured alpha, children drawn independently;
   tree distinct  the same shape, children drawn without replacement;
-  tree top     the same shape, children the draft's most probable tokens.
+  tree top     the same shape, children the draft's most probable tokens;
+  dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M)).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under the rank law alpha (1 - alpha)^(i-1) (theory.tree_tokens_per_call). Tokens/s: the
 compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
@@ -28,6 +29,7 @@ import numpy as np
 
 import picospec
 from picospec import theory
+from picospec.dynamic import Grown, grown
 from picospec.gpt2 import forward, init_cache
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times
@@ -43,11 +45,12 @@ PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, s
 def contenders(M: int, alpha: float) -> dict:
     best = Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
-    return found | {f"tree {children}": dict(tree=best, children=children) for children in ("iid", "distinct", "top")}
+    return found | {f"tree {children}": dict(tree=best, children=children) for children in ("iid", "distinct", "top")} \
+        | {"dynamic": dict(tree=grown(M))}
 
 
 def shape_of(kw):
-    return kw["tree"].parents if "tree" in kw else tuple(range(kw["K"]))
+    return getattr(kw["tree"], "parents", kw.get("tree")) if "tree" in kw else tuple(range(kw["K"]))
 
 
 def main(argv=None):
@@ -98,9 +101,12 @@ def main(argv=None):
         best = {name: min(lap[name] for lap in laps) for name in race}
         for name, kw in race.items():
             parents = shape_of(kw)
-            predicted = theory.tree_tokens_per_call(parents, theory.rank_edges(parents, theory.rank_acceptance(
-                alpha, M)))
-            spelled = "chain" if parents == tuple(range(M)) else str(list(parents))
+            if isinstance(parents, Grown):  # grown each call: no one shape to predict for
+                predicted, spelled = float("nan"), str(parents)
+            else:
+                predicted = theory.tree_tokens_per_call(parents, theory.rank_edges(parents, theory.rank_acceptance(
+                    alpha, M)))
+                spelled = "chain" if parents == tuple(range(M)) else str(list(parents))
             print(f"| {M} | {name} | {spelled} | {np.mean(per_call[name]):.2f} ± "
                   f"{np.std(per_call[name]) / np.sqrt(len(per_call[name])):.2f} | {predicted:.2f} (alpha {alpha:.2f}) "
                   f"| {len(prompts) * len(keys) * args.n_tokens / best[name]:.0f} |", flush=True)

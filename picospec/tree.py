@@ -23,7 +23,9 @@ the verifier has seen so far. That decides the rule for each way of choosing chi
   "iid"      each child drawn independently from p_j: g_c = p_j (SpecInfer's multi-step speculative
              sampling).
   "top"      the b most probable tokens of p_j, chosen deterministically: g_c = the one-hot of c, so
-             the trial accepts c with probability r(c) and a rejection removes c from r.
+             the trial accepts c with probability r(c) and a rejection removes c from r. They rank by
+             the draft's plain softmax, so that at T = 0 (where p_j is one-hot) the siblings are its
+             next-best guesses; any rule that is a function of the draft alone would be as exact.
   "distinct" drawn without replacement from p_j: g_c = p_j renormalized over the siblings not yet tried.
 Verifying children of one way as if they came from another breaks the law (tests/test_tree.py shows
 "top" children verified as "iid"). At temperature 0 q is one-hot, and the walk follows the target's
@@ -102,14 +104,14 @@ def branches(N: int, K: int) -> Shape:
 def tree_attention(base, nodes: np.ndarray, shape: Shape):
     """gpt2.cached_attention for tree nodes: node j's keys and values go to slot base + j, and it sees
     the slots before base (the sequence) and its ancestors' slots, not its siblings' or cousins'."""
-    rows = jnp.asarray(shape.ancestors[nodes])  # [T, M+1]
+    rows, M = jnp.asarray(shape.ancestors[nodes]), shape.M  # [T, M+1]
 
     def attend(q, k, v, k_cache, v_cache, q_pos):
         slots = base + jnp.asarray(nodes)  # [T]
         k_cache, v_cache = k_cache.at[:, slots].set(k), v_cache.at[:, slots].set(v)  # [H, S, D]
         rel = jnp.arange(k_cache.shape[1]) - base  # [S]
-        inside = (rel >= 0) & (rel <= shape.M)
-        visible = jnp.where(inside[None, :], rows[:, jnp.clip(rel, 0, shape.M)], rel[None, :] < 0)  # [T, S]
+        inside = (rel >= 0) & (rel <= M)
+        visible = jnp.where(inside[None, :], rows[:, jnp.clip(rel, 0, M)], rel[None, :] < 0)  # [T, S]
         return attention(q, k_cache, v_cache, visible), k_cache, v_cache
     return attend
 
@@ -126,7 +128,10 @@ def feed(model: Model, tokens, cache: KVCache, base, nodes: np.ndarray, shape: S
 class TreeProposal(NamedTuple):  # step 1's result for a tree
     tokens: jax.Array  # int32 [M+1]: node 0 is x[n-1], node j the token drafted there
     laws: jax.Array  # float32 [M+1, V]: p_j, the draft's law after node j (zero where it has no children)
-    cache: KVCache  # the draft's, with the fed nodes at slots n - 1 + j
+    cache: KVCache  # the draft's, with the fed nodes at slots n - 1 + slots[j]
+    shape: object = None  # the tree (a Shape; dynamic.py's trees are data)
+    slots: jax.Array | None = None  # int32 [M+1]: where node j sits in the draft's cache (past n - 1)
+    fed: jax.Array | None = None  # bool [M+1]: node j's keys and values are in the draft's cache
 
 
 def choose(key, law, rank: int, tried, children: str):  # one child of a node with law p_j [V]
@@ -153,6 +158,7 @@ class TreeDraft:
     def propose(self, state, key, K: int, sampling: Sampling) -> TreeProposal:
         """Step 1: the tree, level by level, one draft call a level (the last level is not fed)."""
         model, shape, base = self.draft.model, self.shape, state.n - 1
+        sampling = Sampling() if self.children == "top" else sampling  # top: ranked by the plain softmax
         p_root, cache = catch_up(model, state.tokens, state.n, state.draft_cache, sampling)  # root at slot base
         tokens = jnp.zeros(shape.M + 1, jnp.int32).at[0].set(state.tokens[base])  # [M+1]
         laws = jnp.zeros((shape.M + 1,) + p_root.shape).at[0].set(p_root)  # [M+1, V]
@@ -167,7 +173,7 @@ class TreeDraft:
             if len(fed):
                 logits, cache = feed(model, tokens[fed], cache, base, fed, shape)  # [T, V]
                 laws = laws.at[fed].set(logits_to_probs(logits, sampling))
-        return TreeProposal(tokens, laws, cache)
+        return TreeProposal(tokens, laws, cache, shape, jnp.arange(shape.M + 1), jnp.asarray(shape.expanded))
 
 
 def trial_law(children: str, law, token, tried):  # g_c [V]: the law child `token` was drawn from
@@ -183,7 +189,7 @@ def verify_tree(key_accept, key_extra, shape: Shape, children: str, tree: TreePr
     """Steps 3 and 4 on a tree: walk down from the root, each node's children tried in turn against
     the residual r. q: [M+1, V]. Returns the path (int32 [D+1] node ids, from the root; past the
     accepted depth a it repeats the last node) and the Verdict (a, extra, and p, q of the path's drafts)."""
-    parents = np.asarray(shape.parents)
+    parents = jnp.asarray(shape.parents)
     u = jax.random.uniform(key_accept, (shape.M + 1,))  # [M+1] one uniform per node
     node, going, a, extra_law = jnp.int32(0), jnp.array(True), jnp.int32(0), q[0]
     path = [node]
@@ -219,21 +225,22 @@ def tree_step(draft: TreeDraft, target: Model, state, K: int, sampling: Sampling
     """One iteration with a tree: draft it, score its M + 1 nodes in one target call, keep the accepted
     path and one more token. K: the loop's lookahead, M (the tree's nodes). verify: verify_tree, or a
     rule of the same form (several.py's)."""
-    shape, base = draft.shape, state.n - 1
+    base = state.n - 1
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     tree = draft.propose(state, key_draft, K, sampling)  # Step 1
+    shape = tree.shape
     everything = np.arange(shape.M + 1)
     logits, target_cache = feed(target, tree.tokens, state.target_cache, base, everything, shape)  # Step 2
     q = logits_to_probs(logits, sampling)  # [M+1, V]
     path, verdict = verify(key_accept, key_extra, shape, draft.children, tree, q, sampling.greedy)  # Steps 3, 4
     # Step 5: the path to consecutive slots; the draft holds it up to its last fed node.
     a, pad = verdict.n_accepted, lambda x: jnp.zeros(K, x.dtype).at[:shape.D].set(x)  # noqa: E731
-    fed = jnp.asarray(shape.expanded)[path[a]]
-    draft_cache = keep_path(tree.cache, base, path)._replace(length=state.n + a - 1 + fed)
+    fed = tree.fed[path[a]]
+    draft_cache = keep_path(tree.cache, base, tree.slots[path])._replace(length=state.n + a - 1 + fed)
     # The trace shows the accepted path, then the first child tried and rejected at its end (as a chain shows
     # its rejected draft); k = a when the path ended at a leaf, whose extra token is the bonus.
     shown = jnp.where(jnp.arange(shape.D) == a, tree.tokens[jnp.asarray(shape.first_child)[path[a]]],
                       tree.tokens[path[1:]])  # [D]
-    kept = Proposal(pad(shown), None, draft_cache, jnp.where(fed, shape.D, a))
+    kept = Proposal(pad(shown), None, draft_cache, jnp.where(jnp.asarray(shape.expanded)[path[a]], shape.D, a))
     verdict = verdict._replace(p=pad(verdict.p), q=pad(verdict.q))
     return advance(state._replace(key=key), kept, verdict, keep_path(target_cache, base, path), eos_id)

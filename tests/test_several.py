@@ -10,7 +10,7 @@ import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
 from test_speculative import DRAFT, TARGET, speculative_triples, target_law
-from test_verifiers import V, add, markov_target_law, markov_tables, stream_law
+from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling

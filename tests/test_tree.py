@@ -16,6 +16,7 @@ from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling, speculative, theory
+from picospec.dynamic import grown
 from picospec.speculative import ModelDraft
 from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain, tree_step, verify_tree
 
@@ -252,12 +253,13 @@ def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts()
 
     from picospec.tools.cli.options import TREE_ALPHA, tree_shape
     target, unrelated = random_model(seed=3, vocab_size=16, n_layer=2), random_model(seed=9, vocab_size=16, n_layer=2)
-    args, prompts = Namespace(tree=8), [[1, 5, 9, 2, 7, 3]]
+    args, prompts = Namespace(tree=8, children="iid"), [[1, 5, 9, 2, 7, 3]]
     assert tree_shape(args, target, target, prompts, Sampling(1.0)) == chain(8)  # alpha = 1: a chain is best
     bushy = tree_shape(args, unrelated, target, prompts, Sampling(1.0))  # a draft that is often wrong
     assert bushy.M == 8 and max(bushy.parents.count(j) for j in bushy.parents) > 1
     fallback = tree_shape(args, unrelated, target, [[1, 5]], Sampling(1.0))  # too few positions to measure
     assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))
+    assert tree_shape(Namespace(tree=8, children="dynamic"), target, target, prompts) == grown(8)  # no shape chosen
 
 
 @pytest.mark.slow

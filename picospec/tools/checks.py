@@ -7,6 +7,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from picospec.dynamic import Grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
@@ -126,17 +127,27 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
 
 def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, policy) -> int | None:
     """A tree needs a draft model, its own rule (the default verifier), one tree a call and no policy;
-    children one of tree.CHILDREN, and no more siblings than tokens when they must differ. Returns its
-    nodes M (the loop's lookahead), or None without a tree."""
+    children one of tree.CHILDREN, and no more siblings than tokens when they must differ; a dynamic
+    tree (dynamic.Grown), D <= M <= W D and W below the vocabulary. Returns the loop's lookahead (a
+    Shape's nodes M, a Grown's lookahead), or None without a tree."""
     if shape is None:
         return None
-    if not isinstance(shape, Shape) or shape.M < 1:
-        raise PicospecError("tree must be a picospec.tree.Shape with at least one node, e.g. tree.branches(2, 3)")
+    if isinstance(shape, Grown):
+        if not all(whole(x) and x >= 1 for x in shape) or not shape.D <= shape.M <= shape.W * shape.D:
+            raise PicospecError(f"a dynamic tree needs whole numbers with D <= M <= W D, got {shape}")
+        if shape.W > target.config.vocab_size:
+            raise PicospecError(f"a dynamic tree's width W = {shape.W} exceeds the vocabulary; use a narrower one")
+        children = "top"
+    elif not isinstance(shape, Shape) or shape.M < 1:
+        raise PicospecError("tree must be a picospec.tree.Shape with at least one node, e.g. tree.branches(2, 3), "
+                            "or a picospec.dynamic.Grown")
     if children not in CHILDREN:
         raise PicospecError(f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
     if not isinstance(draft, Model) or rule != "token" or drafts != 1 or policy is not None:
         raise PicospecError("a tree needs a draft model and is verified by its own rule: leave --verify, "
                             "--drafts and --K auto out")
+    if isinstance(shape, Grown):
+        return shape.lookahead
     if children == "distinct" and max(shape.parents.count(j) for j in set(shape.parents)) > target.config.vocab_size:
         raise PicospecError("a node has more children than the vocabulary has tokens; use a narrower tree")
     return shape.M

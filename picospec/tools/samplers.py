@@ -8,6 +8,7 @@ import jax
 from picospec import autoregressive, gpt2, speculative
 from picospec.adaptive import AdaptiveDraft, adaptive_step, fixed
 from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
+from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.several import BRANCHES
@@ -27,6 +28,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     several drafts, the tree of their branches (as_tree), the rule's form for chains)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+    if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
+        return DynamicDraft(draft, tree), tree_step, verify_tree
     if tree == chain(K) and children == "iid" and drafts == 1:  # the tree is a chain: run it as one, on
         return draft, speculative_step, verify  # speculative.py's step (the same law, less machinery)
     if tree is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 
+from picospec.dynamic import Grown
 from picospec.errors import PicospecError
 from picospec.ngram import NGramDraft
 from picospec.tools import checks
@@ -62,9 +63,10 @@ def parse_args(argv):
                         "(default 1; more need --verify match or token and a whole-number K)")
     parser.add_argument("--tree", type=int, metavar="M", help="draft a token tree of M nodes a target call, its "
                         "shape the best for M by theory (tree.py); --K is then M")
-    parser.add_argument("--children", choices=list(CHILDREN), default="iid",
+    parser.add_argument("--children", choices=[*CHILDREN, "dynamic"], default="iid",
                         help="with --tree: a node's children drawn independently (iid), the most probable (top), "
-                        "or drawn without replacement (distinct)")
+                        "drawn without replacement (distinct), or the tree grown each call where the draft is "
+                        "confident (dynamic, EAGLE-2)")
     parser.add_argument("--verify", choices=list(RULES), default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -115,8 +117,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing = len(prompts), Timing()
     settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
-                "tree": args.shape and {"nodes": args.tree, "parents": list(args.shape.parents),
-                                        "children": args.children}}  # what was asked
+                "tree": args.shape and {"nodes": args.tree, "children": args.children} | (
+                    args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""

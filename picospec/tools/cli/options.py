@@ -9,6 +9,7 @@ import numpy as np
 
 from picospec import adaptive, theory
 from picospec.batch import batch_buffers
+from picospec.dynamic import Grown, grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import logits
 from picospec.sampling import logits_to_probs
@@ -28,20 +29,24 @@ def k_value(text: str):
         raise argparse.ArgumentTypeError(f"give a whole number or auto, not {text!r}") from None
 
 
-def K_max(args) -> int:
-    return args.tree if args.tree else AUTO_K_MAX if args.K == "auto" else args.K
+def K_max(args) -> int:  # the loop's lookahead
+    if args.tree:
+        return grown(args.tree).lookahead if args.children == "dynamic" else args.tree
+    return AUTO_K_MAX if args.K == "auto" else args.K
 
 
 TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts are too short to measure it
 
 
-def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shape | None:
+def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shape | Grown | None:
     """--tree M: theory's best tree of M nodes (theory.optimal_tree) for the acceptance alpha measured
     at start-up on the prompts themselves: sum_x min(p, q) at each of their positions, one forward call
     of each model a prompt (without models, or with fewer than 4 positions: TREE_ALPHA)."""
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
+    if args.children == "dynamic":  # grown each call (dynamic.py): no shape to choose
+        return grown(args.tree)
     overlaps = [np.minimum(*(np.asarray(logits_to_probs(logits(model, prompt), sampling)) for model in (draft, target)))
                 .sum(-1) for prompt in prompts if draft is not None and len(prompt) > 1]
     overlaps = np.concatenate(overlaps) if overlaps else np.zeros(0)

@@ -29,6 +29,7 @@ from jax import export
 import picospec
 from picospec.adaptive import AdaptiveDraft, Policy
 from picospec.autoregressive import DecodeState
+from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
@@ -57,6 +58,8 @@ def encode(value):  # a static part of a tree node (a dataclass's meta fields) a
         return {"GPT2Config": dataclasses.asdict(value)}
     if isinstance(value, Shape):
         return {"Shape": list(value.parents)}
+    if isinstance(value, Grown):
+        return {"Grown": list(value)}
     return value  # a bool, an int, a string or None
 
 
@@ -65,6 +68,8 @@ def decode(value):
         return function(value["function"])
     if isinstance(value, dict) and "Shape" in value:
         return Shape(tuple(value["Shape"]))
+    if isinstance(value, dict) and "Grown" in value:
+        return Grown(*value["Grown"])
     if isinstance(value, dict):
         return GPT2Config(**value["GPT2Config"])
     return value
@@ -72,7 +77,7 @@ def decode(value):
 
 for node in (KVCache, SpecState, Trace, DecodeState, ModelDraft):
     export.register_namedtuple_serialization(node, serialized_name=f"picospec.{node.__name__}")
-for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, TreeDraft):
+for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, TreeDraft, DynamicDraft):
     export.register_pytree_node_serialization(
         node, serialized_name=f"picospec.{node.__name__}",
         serialize_auxdata=lambda meta: json.dumps([encode(x) for x in meta]).encode(),
