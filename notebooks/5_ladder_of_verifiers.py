@@ -280,8 +280,8 @@ plt.show()
 # Tokens per target call at the same 8 drafted nodes per call (9 positions scored): one chain, two
 # chains from the root, and theory's best tree for the chain's measured α, against what theory
 # predicts for each shape under a constant α. On this pair α is high, so a chain's next node is often
-# worth more than a second child: trees pay where α is lower or the budget larger
-# (`benchmarks/trees.py`).
+# worth more than a second child (here theory's tree is the chain itself, and runs as one): trees pay
+# where α is lower or the budget larger (`benchmarks/trees.py`).
 
 # %%
 from picospec.tree import branches  # noqa: E402
