@@ -7,12 +7,13 @@ tokens per target call and tokens/s on the bundled pair, beside theory, and v(M)
 Contenders for a budget M (each scores M + 1 positions: the newest token and M drafted nodes):
   chain        K = M drafts in one chain (speculative.py);
   2 branches   two chains of M / 2 from the root, as one tree (tree.branches);
-  tree iid     theory.optimal_tree for M at the chain's measured alpha, children drawn independently;
-  tree distinct  the same shape, children drawn without replacement;
-  tree top     the same shape, children the draft's most probable tokens;
+  tree iid     theory.optimal_tree for M under the rank law of iid children measured on the prompts
+               (theory.rank_law, as --tree does), children drawn independently;
+  tree distinct  the same for children drawn without replacement;
+  tree top     the same for children the draft's most probable tokens;
   dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M)).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
-shape under the rank law alpha (1 - alpha)^(i-1) (theory.tree_tokens_per_call). Tokens/s: the
+shape under that rank law (theory.tree_tokens_per_call). Tokens/s: the
 compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
 of --rounds.
 """
@@ -28,9 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import picospec
-from picospec import theory
+from picospec import Sampling, theory
 from picospec.dynamic import Grown, grown
 from picospec.gpt2 import forward, init_cache
+from picospec.sampling import logits_to_probs
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times
 from picospec.tools.cli.costs import race_laps
@@ -42,10 +44,9 @@ from adaptive import gpt2_shaped  # noqa: E402
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 
 
-def contenders(M: int, alpha: float) -> dict:
-    best = Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))
+def contenders(M: int, laws) -> dict:  # laws: the rank law of each way to choose children
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
-    return found | {f"tree {children}": dict(tree=best, children=children) for children in ("iid", "distinct", "top")} \
+    return found | {f"tree {c}": dict(tree=Shape(theory.optimal_tree(M, laws[c])), children=c) for c in laws} \
         | {"dynamic": dict(tree=grown(M))}
 
 
@@ -71,6 +72,10 @@ def main(argv=None):
                         params={**draft.params, "h": draft.params["h"][:args.draft_layers]})
     tokenizer = picospec.load_tokenizer("tiny-target")
     prompts, T = [tokenizer.encode(t).ids for t in PROMPTS], args.temperature
+    def laws_on_prompts(model, sampling):  # [positions, V]: the laws --tree measures its rank law from
+        return np.concatenate([np.asarray(logits_to_probs(picospec.logits(model, x), sampling)) for x in prompts])
+    p, q, p_plain = laws_on_prompts(draft, Sampling(T)), laws_on_prompts(target, Sampling(T)), \
+        laws_on_prompts(draft, Sampling())  # top children rank by the draft's plain softmax
     which = f"the draft's first {args.draft_layers} layers" if args.draft_layers else "bundled pair"
     print(f"Machine: {cpu_name()}; jax {jax.__version__}; {which}, T = {T}, {args.n_tokens} tokens\n")
     print("| M | contender | shape (parents) | tokens per target call | theory | tokens/s |\n|---|---|---|---|---|---|")
@@ -85,8 +90,9 @@ def main(argv=None):
                 calls += [(kept[b, :n[b]] + 1).mean() for b in range(args.runs)]
                 kept_all += [kept[b, :n[b]] for b in range(args.runs)]
             return calls, theory.alpha_from_trace(np.concatenate(kept_all), M)
-        chain_calls, alpha = tokens_per_call(dict(K=M))  # the shape of the tree is chosen for this alpha
-        race = {name: kw for name, kw in contenders(M, alpha).items()
+        chain_calls, alpha = tokens_per_call(dict(K=M))
+        laws = {c: theory.rank_law(c, p_plain if c == "top" else p, q, M) for c in ("iid", "distinct", "top")}
+        race = {name: kw for name, kw in contenders(M, laws).items()
                 if not args.only or name in args.only.split(",") or name == "chain"}
         per_call = {"chain": chain_calls} | {name: tokens_per_call(kw)[0] for name, kw in race.items()
                                               if name != "chain"}
@@ -104,8 +110,8 @@ def main(argv=None):
             if isinstance(parents, Grown):  # grown each call: no one shape to predict for
                 predicted, spelled = float("nan"), str(parents)
             else:
-                predicted = theory.tree_tokens_per_call(parents, theory.rank_edges(parents, theory.rank_acceptance(
-                    alpha, M)))
+                edges = theory.rank_edges(parents, laws[kw.get("children", "iid")])
+                predicted = theory.tree_tokens_per_call(parents, edges)
                 spelled = "chain" if parents == tuple(range(M)) else str(list(parents))
             print(f"| {M} | {name} | {spelled} | {np.mean(per_call[name]):.2f} ± "
                   f"{np.std(per_call[name]) / np.sqrt(len(per_call[name])):.2f} | {predicted:.2f} (alpha {alpha:.2f}) "

@@ -123,12 +123,38 @@ def alpha_several(p, q, N: int) -> float:
 # Trees (tree.py). A node is kept when every edge on its path to the root is accepted, so the tokens
 # per call are one (the extra token) plus, over the drafted nodes, the chance its path is accepted.
 # Sequoia (Chen et al. 2024) models the chance that a node's child of rank i (its i-th child tried) is
-# the one accepted as a constant p_i: with a constant alpha for every trial, p_i = alpha (1 - alpha)^(i-1).
+# the one accepted as a constant p_i: with a constant alpha for every trial, p_i = alpha (1 - alpha)^(i-1);
+# rank_law measures p_i from the draft's and target's laws for each way of choosing children.
 
 
 def rank_acceptance(alpha: float, width: int) -> np.ndarray:
     """[width] p_i: the chance a node's i-th child is the one accepted, each trial accepted with alpha."""
     return alpha * (1 - alpha) ** np.arange(width)
+
+
+def rank_law(children: str, p, q, width: int, draws: int = 64, seed: int = 0) -> np.ndarray:
+    """[width] p_i measured from the laws instead of a constant alpha: the chance a node's i-th child is
+    the one accepted, by tree.py's rule for children chosen as `children` says, averaged over the rows
+    of p and q ([..., V], one row per position). "iid": exact, a rejected draw leaves the residual
+    norm(max(0, r - p)) whatever it drew, so child i is accepted with sum_x min(p, r_i) (the terms of
+    alpha_several); "top": exact, the draft's most probable tokens in turn; "distinct": the first child
+    exact (it is drawn from p, as an iid one), the others the mean over `draws` orders drawn without
+    replacement (a fixed seed). Side children score below alpha (1 - alpha)
+    here, because each is tried against a residual that puts little mass where p does."""
+    p, q = (np.asarray(x, np.float64).reshape(-1, np.shape(x)[-1]) for x in (p, q))  # [positions, V]
+    if children == "iid":
+        return -np.diff([1 - alpha_several(p, q, n) for n in range(width + 1)])
+    rng, law = np.random.default_rng(seed), np.zeros(width)
+    for p_x, q_x in zip(p, q):
+        if children == "top":
+            law += child_acceptance("top", p_x, q_x, np.argsort(-p_x, kind="stable")[:width])
+        else:
+            law += np.mean([child_acceptance("distinct", p_x, q_x, rng.choice(len(p_x), width, replace=False,
+                                                                              p=p_x / p_x.sum()))
+                            for _ in range(draws)], axis=0)
+    if children == "distinct":
+        law[0] = np.minimum(p, q).sum(-1).sum()
+    return law / len(p)
 
 
 def rank_edges(parents, p) -> np.ndarray:

@@ -175,6 +175,18 @@ def test_greedy_is_the_targets_greedy_output_for_trees(children):
         np.testing.assert_array_equal(spec, greedy, err_msg=f"{shape}, {children}")
 
 
+def test_the_measured_rank_law_is_the_enumerated_acceptance_of_each_child():
+    """theory.rank_law: the chance the i-th child of a node is the one accepted, over every way the
+    children can be drawn, equals the enumeration for 3 children of one node (distinct: sampled orders,
+    to 0.01). The control: the constant-alpha law overstates iid side children."""
+    star, (P, Q) = Shape((0, 0, 0)), markov_tables(2)
+    for children, tolerance in (("iid", 1e-12), ("top", 1e-12), ("distinct", 1e-2)):
+        law = theory.rank_law(children, P[0], Q[0], 3, draws=4000)
+        assert abs(1 + law.sum() - tokens_per_call(star, children, 2)) < tolerance, children
+    alpha = theory.alpha_exact(P[0], Q[0])
+    assert theory.rank_law("iid", P[0], Q[0], 3)[1] < theory.rank_acceptance(alpha, 3)[1] - 0.05
+
+
 def test_theorys_tokens_per_call_of_a_tree_is_the_enumerated_one():
     """theory.tree_tokens_per_call with each node's edge from theory.child_acceptance equals the mean
     length of the enumerated output block, for fixed trees of each kind of children."""

@@ -12,7 +12,7 @@ from picospec.batch import batch_buffers
 from picospec.dynamic import Grown, grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import logits
-from picospec.sampling import logits_to_probs
+from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli.costs import auto_policy
 from picospec.tree import Shape
@@ -39,19 +39,23 @@ TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts
 
 
 def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shape | Grown | None:
-    """--tree M: theory's best tree of M nodes (theory.optimal_tree) for the acceptance alpha measured
-    at start-up on the prompts themselves: sum_x min(p, q) at each of their positions, one forward call
-    of each model a prompt (without models, or with fewer than 4 positions: TREE_ALPHA)."""
+    """--tree M: theory's best tree of M nodes (theory.optimal_tree) under the rank law measured at
+    start-up on the prompts themselves (theory.rank_law for the children asked for, from p and q at
+    each of their positions, one forward call of each model a prompt); without models, or with fewer
+    than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call."""
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
     if args.children == "dynamic":  # grown each call (dynamic.py): no shape to choose
         return grown(args.tree)
-    overlaps = [np.minimum(*(np.asarray(logits_to_probs(logits(model, prompt), sampling)) for model in (draft, target)))
-                .sum(-1) for prompt in prompts if draft is not None and len(prompt) > 1]
-    overlaps = np.concatenate(overlaps) if overlaps else np.zeros(0)
-    alpha = float(overlaps.mean()) if len(overlaps) >= 4 else TREE_ALPHA
-    return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(alpha, args.tree)))
+    ranked = Sampling() if args.children == "top" else sampling  # top children rank by the plain softmax
+    laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, ranked),
+                                                                                      (target, sampling))]
+            for prompt in prompts if draft is not None and len(prompt) > 1]  # [positions, V] each
+    if sum(len(p) for p, _ in laws) < 4:
+        return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
+    p, q = (np.concatenate(side) for side in zip(*laws))
+    return Shape(theory.optimal_tree(args.tree, theory.rank_law(args.children, p, q, args.tree)))
 
 
 def make_policy(args, draft, target, prompts):
