@@ -300,10 +300,11 @@ def test_the_trace_shows_the_accepted_path_then_the_rejected_child():
 
 def test_a_chain_shaped_tree_runs_as_a_chain():
     """Theory's tree is often the chain itself: it then runs on speculative.py's step (the same law, less
-    machinery), unless its children are chosen another way than i.i.d."""
+    machinery), unless its children are the draft's top tokens rather than draws from p."""
     from picospec.speculative import accept_or_resample, speculative_step
     from picospec.tools.samplers import plug_in
     _, step, verify = plug_in(DRAFT, TARGET, 3, tree=chain(3))
     assert step is speculative_step and verify is accept_or_resample
+    assert plug_in(DRAFT, TARGET, 3, tree=chain(3), children="distinct")[1] is speculative_step  # one child: a draw
     assert plug_in(DRAFT, TARGET, 3, tree=chain(3), children="top")[1] is tree_step
     assert plug_in(DRAFT, TARGET, 3, tree=Shape((0, 0, 1)))[1:] == (tree_step, verify_tree)

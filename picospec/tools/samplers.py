@@ -30,8 +30,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
     if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
         return DynamicDraft(draft, tree), tree_step, verify_tree
-    if tree == chain(K) and children == "iid" and drafts == 1:  # the tree is a chain: run it as one, on
-        return draft, speculative_step, verify  # speculative.py's step (the same law, less machinery)
+    if tree == chain(K) and children != "top" and drafts == 1:  # a chain drawn from p (one child a node: iid
+        return draft, speculative_step, verify  # is distinct): run it on speculative.py's step, less machinery
     if tree is not None:
         return TreeDraft(draft, tree, children), tree_step, BRANCHES[verify] if drafts > 1 else verify_tree
     if policy is None and isinstance(draft, NGramDraft):
