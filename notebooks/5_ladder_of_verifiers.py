@@ -225,7 +225,8 @@ print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, fro
 from picospec.autoregressive import buffers  # noqa: E402
 from picospec.sampling import Sampling, logits_to_probs  # noqa: E402
 from picospec.speculative import ModelDraft, start  # noqa: E402
-from picospec.tree import Shape, TreeDraft, feed, verify_tree  # noqa: E402
+from picospec.tree import Shape, TreeDraft, feed  # noqa: E402
+from picospec.tree_verify import verify_tree  # noqa: E402
 
 shape, sampling = Shape(theory.optimal_tree(8, theory.rank_acceptance(0.6, 8))), Sampling(0.8)
 tree_draft = TreeDraft(ModelDraft(draft), shape, "iid")
@@ -235,7 +236,7 @@ state = start(tree_draft, target, jnp.asarray(tokens_buffer), len(prompt), jax.r
 
 
 @jax.jit
-def one_tree(state, key):  # steps 1 to 4 of tree.tree_step: grow, score in one call, walk down
+def one_tree(state, key):  # steps 1 to 4 of tree_verify.tree_step: grow, score in one call, walk down
     key_draft, key_accept, key_extra = jax.random.split(key, 3)
     grown = tree_draft.propose(state, key_draft, shape.M, sampling)
     q_tree = logits_to_probs(feed(target, grown.tokens, state.target_cache, state.n - 1, np.arange(shape.M + 1),

@@ -9,12 +9,12 @@ a depth D:
           in one call (tree attention, as in tree.py);
   rerank: of the W D nodes grown, the M with the highest c are the tree the target scores. A child's
           c is at most its parent's, so every kept node's ancestors are kept.
-Every child is chosen deterministically from the draft's probabilities, so it is verified as tree.py's
+Every child is chosen deterministically from the draft's probabilities, so it is verified as tree_verify.py's
 "top" children are: a one-hot proposal against the residual, exact at every temperature, and at T = 0
 the walk follows the target's argmax (its greedy output). The confidence ranks by the draft's plain
 softmax (temperature 1): at T = 0 its sampling law is one-hot and would rank only the first guess.
 Unlike a Shape, the tree is data, different each call: `Layout` holds its parents as an array and
-builds its depths and mask on the device. The step is tree.tree_step.
+builds its depths and mask on the device. The step is tree_verify.tree_step.
 """
 
 from dataclasses import dataclass
@@ -50,8 +50,8 @@ def grown(M: int) -> Grown:
 
 @dataclass(frozen=True, eq=False)
 class Layout:
-    """A tree whose parents are data (int32 [M], level order): what tree.feed, tree.verify_tree and
-    tree.tree_step read from a Shape, computed on the device. D: the deepest a node may sit."""
+    """A tree whose parents are data (int32 [M], level order): what tree.feed, tree_verify.verify_tree
+    and tree_verify.tree_step read from a Shape, computed on the device. D: the deepest a node may sit."""
 
     parents: jax.Array
     D: int

@@ -14,7 +14,7 @@ to be independent draws from p: N copies of one chain, or chains made unlike on 
 are not, and their output law is off (by up to 0.06 in tests/test_several.py's enumeration). SpecTr
 (Sun et al. 2023) verifies several candidates differently: K-SEQ accepts each against one fixed
 residual with min(1, q/(rho p)).
-Where tree.verify_tree follows the one node accepted, this rule keeps every chain that drafted the
+Where tree_verify.verify_tree follows the one node accepted, this rule keeps every chain that drafted the
 accepted prefix alive, so a second chain's next draft is still tried after the first chain's equal
 token was the one accepted: more drafts kept, the same law.
 The match rule has a several-draft form too: the target samples t_i ~ q and any alive chain that
@@ -24,7 +24,7 @@ N chains are the tree with N branches from the root (tree.branches): the draft g
 one call a depth, and the target scores all N K + 1 nodes in one call, each chain seeing only its own
 tokens (tree attention). One cache serves every chain; the chain kept moves to consecutive slots as
 a tree's accepted path does. Run them as tree.TreeDraft(draft, tree.branches(N, K), "iid") with
-tree.tree_step and a rule of BRANCHES.
+tree_verify.tree_step and a rule of BRANCHES.
 """
 
 import jax
@@ -92,7 +92,7 @@ def chain_nodes(shape: Shape) -> np.ndarray:  # int [N, K+1]: chain j's nodes, f
 
 def on_branches(rule, key_accept, key_extra, shape: Shape, tree, q, greedy: bool):
     """A rule of CHAINS on a tree of branches: chain j's drafts, their laws p and the target's q read
-    from the tree's nodes; returns the path of the chain kept (as tree.verify_tree does) and the Verdict."""
+    from the tree's nodes; returns the path of the chain kept (as tree_verify.verify_tree does) and the Verdict."""
     nodes = chain_nodes(shape)  # [N, K+1]
     j, verdict = rule(key_accept, key_extra, tree.tokens[nodes[:, 1:]], tree.laws[nodes[:, :-1]], q[nodes], greedy)
     return jnp.asarray(nodes)[j], verdict
@@ -106,4 +106,4 @@ def match_branches(key_accept, key_extra, shape: Shape, children: str, tree, q, 
     return on_branches(match_chains, key_accept, key_extra, shape, tree, q, greedy)
 
 
-BRANCHES = {accept_or_resample: token_branches, match_rule: match_branches}  # each rule's form for tree.tree_step
+BRANCHES = {accept_or_resample: token_branches, match_rule: match_branches}  # each rule's form for tree_step

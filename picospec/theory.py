@@ -134,7 +134,7 @@ def rank_acceptance(alpha: float, width: int) -> np.ndarray:
 
 def rank_law(children: str, p, q, width: int, draws: int = 64, seed: int = 0) -> np.ndarray:
     """[width] p_i measured from the laws instead of a constant alpha: the chance a node's i-th child is
-    the one accepted, by tree.py's rule for children chosen as `children` says, averaged over the rows
+    the one accepted, by tree_verify.py's rule for children chosen as `children` says, averaged over the rows
     of p and q ([..., V], one row per position). "iid": exact, a rejected draw leaves the residual
     norm(max(0, r - p)) whatever it drew, so child i is accepted with sum_x min(p, r_i) (the terms of
     alpha_several); "top": exact, the draft's most probable tokens in turn; "distinct": the first child
@@ -165,7 +165,7 @@ def rank_edges(parents, p) -> np.ndarray:
 
 def child_acceptance(children: str, p, q, tokens) -> np.ndarray:
     """The edges below one node, from the laws: the chance each of its children (tokens, in the order
-    tried) is the one accepted, for its draft law p and target law q [V], by tree.py's verification
+    tried) is the one accepted, for its draft law p and target law q [V], by tree_verify.py's verification
     for children chosen as `children` says ("iid", "top" or "distinct")."""
     r, tried, edges, left = np.asarray(q, float), [], [], 1.0
     for t in tokens:

@@ -180,7 +180,8 @@ def test_several_drafts_are_one_tree_with_one_cache():
     from picospec.autoregressive import buffers
     from picospec.several import token_branches
     from picospec.speculative import ModelDraft, speculative_loop
-    from picospec.tree import TreeDraft, branches, tree_step
+    from picospec.tree import TreeDraft, branches
+    from picospec.tree_verify import tree_step
     target = random_model(n_layer=1, vocab_size=16, n_positions=64)
     draft = ModelDraft(early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1))
     N, K = 3, 2

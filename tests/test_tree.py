@@ -18,7 +18,8 @@ import picospec
 from picospec import PicospecError, Sampling, speculative, theory
 from picospec.dynamic import grown
 from picospec.speculative import ModelDraft
-from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain, tree_step, verify_tree
+from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain
+from picospec.tree_verify import tree_step, verify_tree
 
 SHAPES = {"binary, depth 2": Shape((0, 0, 1, 1, 2, 2)), "3 from the root, depth 2": Shape((0, 0, 0, 1, 2, 3)),
           "2 branches, depth 3": branches(2, 3), "uneven, depth 3": Shape((0, 0, 1, 1, 3)),

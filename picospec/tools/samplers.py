@@ -16,7 +16,8 @@ from picospec.speculative import ModelDraft, speculative_step
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
-from picospec.tree import TreeDraft, branches, chain, tree_step, verify_tree
+from picospec.tree import TreeDraft, branches, chain
+from picospec.tree_verify import tree_step, verify_tree
 from picospec.verifiers import RULES
 
 
