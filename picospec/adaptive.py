@@ -74,8 +74,8 @@ def choose_k(policy: Policy, successes, failures, pool=own):
     with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
     With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
-    k = 0 only once policy.evidence_to_stop drafts were judged: nothing is judged after it, so the
-    evidence, and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
+    k = 0 only once the evidence allows it (may_stop): nothing is judged after it, so the evidence,
+    and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
     their k is the one with the most tokens per unit of time for them all, and their drafts judged
     count together."""
     K = policy.v.shape[0] - 1
@@ -83,8 +83,20 @@ def choose_k(policy: Policy, successes, failures, pool=own):
     moments = jnp.cumprod((successes + j) / (successes + failures + 1.0 + j))  # [K] E[alpha^j]
     tokens = jnp.concatenate([jnp.ones(1), 1 + jnp.cumsum(moments)])  # [K+1] E[tokens per call], k = 0..K
     rate = tokens / (jnp.arange(K + 1) * policy.c + policy.v)  # [K+1]
-    rate = rate.at[0].set(jnp.where(pool(successes + failures) >= policy.evidence_to_stop, rate[0], -jnp.inf))
+    rate = rate.at[0].set(jnp.where(may_stop(policy, pool(successes), pool(failures)), rate[0], -jnp.inf))
     return jnp.argmax(pool(rate)).astype(jnp.int32)
+
+
+def may_stop(policy: Policy, successes, failures):
+    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop judged drafts,
+    or fewer once even an optimistic alpha, the posterior mean plus two standard deviations, would make
+    no k >= 1 pay: a draft the target almost never agrees with stops after a few rejections."""
+    a, b = successes + 1.0, failures + 1.0  # alpha ~ Beta(a, b)
+    high = jnp.minimum(a / (a + b) + 2 * jnp.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))), 1 - 1e-6)
+    k = jnp.arange(1, policy.v.shape[0])  # [K]
+    tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
+    hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
+    return (successes + failures >= policy.evidence_to_stop) | hopeless
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])

@@ -200,11 +200,13 @@ def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_ca
 
 
 def test_not_drafting_needs_evidence_first_and_then_stays():
+    """k = 0 waits for 16 judged drafts, or for fewer once drafting could not pay even at an optimistic alpha."""
     v = jnp.float32([0.5, 1.0, 1.1, 1.2])  # k = 0 wins at any alpha below ~0.8
     policy = adaptive.Policy(jnp.float32(0.2), v, 0.0, evidence_to_stop=16)
     assert int(adaptive.choose_k(policy, jnp.int32(0), jnp.int32(0))) > 0  # no evidence yet: draft
-    assert int(adaptive.choose_k(policy, jnp.int32(3), jnp.int32(12))) > 0  # 15 judged
-    assert int(adaptive.choose_k(policy, jnp.int32(3), jnp.int32(13))) == 0  # 16 judged, alpha ~ 0.2
+    assert int(adaptive.choose_k(policy, jnp.int32(12), jnp.int32(1))) > 0  # 13 judged, alpha could pay
+    assert int(adaptive.choose_k(policy, jnp.int32(0), jnp.int32(3))) == 0  # 3 rejections: even 2 sd up it cannot
+    assert int(adaptive.choose_k(policy, jnp.int32(11), jnp.int32(5))) == 0  # 16 judged, alpha ~ 0.7: theory's k = 0
     key = jax.random.key(3)
     out, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, key, K=3, temperature=0, policy=policy)
     k, n = np.asarray(trace.k), int(trace.n_steps)
