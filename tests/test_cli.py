@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DATA, DEVICE
 
 import picospec
+from picospec.adaptive import AdaptiveDraft, Policy, choose_k
 from picospec.sampling import Sampling
 from picospec.tools import cli
 from picospec.tools.cli import costs, options
@@ -60,7 +62,8 @@ def test_json_run_adds_up(capsys, mode):
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
-    monkeypatch.setattr(costs, "measure", lambda *args: [2.0, 1.0, 1.2, 1.4])  # timing it: test_costs_are_timed_once
+    asked = []
+    monkeypatch.setattr(costs, "measure", lambda *args: asked.append(args) or [2.0, 1.0, 1.2, 1.4])  # test_costs_are_timed_once
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -76,6 +79,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     if "auto" in flags:
         (measured,) = json.loads((tmp_path / "costs.json").read_text()).values()
         assert measured == [2.0, 1.0, 1.2, 1.4]  # kept beside the compile cache
+        assert [args[-1] for args in asked] == [True]  # timed as the stream runs an iteration (streamed)
 
 
 @pytest.mark.slow
@@ -88,6 +92,19 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
     assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
     assert json.loads((tmp_path / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
+    monkeypatch.undo()
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
+    streamed = costs.costs(draft, target, 3, 64, Sampling(0.8), streamed=True)  # its own entry, timed afresh
+    assert len(streamed) == 4 and all(t > 0 for t in streamed) and len(json.loads((tmp_path / "costs.json").read_text())) == 2
+
+
+def test_warming_up_runs_every_block_size_auto_may_score():
+    """stream.py prepares each branch of score_first's switch at start-up: warm runs the iteration once
+    with the policy forced to k = 1, 3 and 7 (blocks of 2, 4 and 8 positions) when K_max = 7."""
+    draft = AdaptiveDraft(None, Policy(jnp.float32(0), jnp.ones(8, jnp.float32), jnp.float32(0)))
+    chosen = []
+    costs.warm(lambda d, *rest: chosen.append(int(choose_k(d.policy, 0.0, 0.0))), draft, None, {}, None, None)
+    assert chosen == [1, 3, 7]
 
 
 def test_compare_mode_greedy_is_identical_and_reports_speedup(capsys):

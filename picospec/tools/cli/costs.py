@@ -14,8 +14,14 @@ stopped for good (speculative.target_alone). The theory's k c + v(k) counts forw
 place, the sampling, the verifier and the bookkeeping count too (on the bundled pair a draft step
 costs ~0.3 of a target call in place, against ~0.22 for its forward call alone), and so does every
 block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's time.
+
+The CLI streams (stream.py): it calls the iteration once per iteration and reads its report, where
+speculative_sample runs every iteration inside one call. `streamed` costs add what that does to each
+iteration, the same for every k (`per_call`: ~0.4 ms on the bundled pair, a tenth of an iteration
+drafting 6); left out, they undercount the fixed part of every iteration and auto drafts too little.
 """
 
+import dataclasses
 import json
 import statistics
 import time
@@ -44,7 +50,7 @@ def describe(model) -> str:
             f"-{model.params['wte']['weight'].dtype}")
 
 
-@partial(jax.jit, static_argnames=("K", "step"))
+@partial(jax.jit, static_argnames=("K", "step"), donate_argnames=("state",))
 def _iterations(draft, target, state, K: int, sampling: Sampling, calls, step):
     """`calls` iterations of `step` on every row of `state` [B, ...], each from the rows' sequences
     again (the keys, the buffers and the traces carry over, so nothing is computed for nothing)."""
@@ -69,27 +75,51 @@ def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
     return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
 
 
+def force(draft: adaptive.AdaptiveDraft, k: int) -> adaptive.AdaptiveDraft:
+    """The draft whose Policy chooses k whatever alpha is (the same program: a policy is data)."""
+    v = jnp.where(jnp.arange(draft.policy.v.shape[0]) == k, 1.0, jnp.inf).astype(jnp.float32)
+    return dataclasses.replace(draft, policy=dataclasses.replace(draft.policy, v=v))
+
+
+def warm(iteration, draft, target, state, n_end, sampling) -> float:
+    """Run stream.py's compiled `iteration` once for every block size the target may score (score_first's
+    lax.switch) on copies of the state; returns the seconds. XLA:CPU prepares each branch on its first
+    run, ~25 ms a branch on the bundled pair: start-up work, left out it lands in the first iteration
+    that drafts that many."""
+    t0, copy = time.perf_counter(), partial(jax.device_put, may_alias=False)
+    for size in adaptive.score_sizes(draft.policy.v.shape[0] - 1)[1:]:  # k = size - 1 >= 1 drafts
+        jax.block_until_ready(iteration(force(draft, size - 1), target, jax.tree_util.tree_map(copy, state), n_end,
+                                        sampling))
+    return time.perf_counter() - t0
+
+
 LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
 
 
-def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1, rounds: int = 5) -> list:
+def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1, streamed: bool = False,
+            rounds: int = 5) -> list:
     """[seconds per iteration of B rows that drafts k, for k = 0..K_max], timed now: each k runs n iterations
     a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
     rounds of each k's time over k = 0's in the same round, times k = 0's median."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
 
-    def forced(k):  # the draft whose Policy chooses k whatever alpha is
-        v = jnp.where(jnp.arange(K_max + 1) == k, 1.0, jnp.inf).astype(jnp.float32)
-        return plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), v, jnp.float32(0), 0))
-
-    wrapped, step, _ = forced(0)
+    wrapped, step, _ = plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), jnp.ones(K_max + 1),
+                                                                             jnp.float32(0), 0))
+    forced = partial(force, wrapped)
     state = jax.vmap(lambda key: start(wrapped, target, jnp.ones(capacity, jnp.int32), P, key, K_max, P, capacity))(
         jax.random.split(jax.random.key(0), B))
 
-    def run(k, n):  # k = 0: the iteration once the draft stopped for good, the target alone
-        iteration = step if k > 0 else target_alone
-        return lambda: jax.block_until_ready(_iterations(forced(k)[0], target, state, K_max, sampling, n, iteration))
+    def run(k, n, per=None):  # k = 0: the iteration once the draft stopped for good, the target alone
+        iteration, copy = step if k > 0 else target_alone, partial(jax.device_put, may_alias=False)
+
+        def laps():  # n iterations in one call, or (per = 1) one call each, its report read as stream.py does
+            s = jax.tree_util.tree_map(copy, state)  # _iterations donates its state
+            for _ in range(n // (per or n)):
+                s = _iterations(forced(k), target, s, K_max, sampling, per or n, iteration)
+                jax.device_get(s.trace.n_steps)
+            return jax.block_until_ready(s)
+        return laps
 
     runs, calls = {}, {}
     for k in range(K_max + 1):
@@ -97,18 +127,22 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
         while race_laps(1, once=run(k, n))[0][0]["once"] < LAP_SECONDS:
             n *= 2
         runs[str(k)], calls[str(k)] = run(k, n), n
+    if streamed:  # k = 0 once more, one call an iteration: what streaming adds to every iteration
+        runs["per call"], calls["per call"] = run(0, calls["0"], per=1), calls["0"]
     laps, _ = race_laps(rounds, **runs)
     per_call = [{k: lap[k] / calls[k] for k in runs} for lap in laps]
     alone = statistics.median(t["0"] for t in per_call)
-    return [alone * statistics.median(t[str(k)] / t["0"] for t in per_call) for k in range(K_max + 1)]
+    extra = statistics.median(t["per call"] - t["0"] for t in per_call) if streamed else 0.0
+    return [extra + alone * statistics.median(t[str(k)] / t["0"] for t in per_call) for k in range(K_max + 1)]
 
 
-def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1) -> list:
+def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1,
+          streamed: bool = False) -> list:
     """measure(...), or what an earlier run on this machine measured for the same pair and sizes."""
     device = jax.devices()[0]
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
-           f":B{B}:{mode}:src{source_digest()[:16]}:iterations")
+           f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
     folder = cache_folder()
     path = folder.parent / "costs.json" if folder else None
     try:
@@ -116,7 +150,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     except (OSError, ValueError):
         known = {}  # unreadable: time it again and write it afresh
     if key not in known:
-        known[key] = measure(draft, target, K_max, capacity, sampling, B)
+        known[key] = measure(draft, target, K_max, capacity, sampling, B, streamed)
         if path:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,8 +161,8 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
 
 
 def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
-                threshold: float = 0.0, B: int = 1) -> adaptive.Policy:
+                threshold: float = 0.0, B: int = 1, streamed: bool = False) -> adaptive.Policy:
     """The Policy for `--K auto` on B rows: this machine's iteration times (c = 0, v(k) = an iteration
-    drafting k, k = 0..K_max, in milliseconds), and the confidence threshold."""
-    seconds = costs(draft, target, K_max, capacity, sampling, B)
+    drafting k, k = 0..K_max, in milliseconds; streamed: as the CLI runs it), and the confidence threshold."""
+    seconds = costs(draft, target, K_max, capacity, sampling, B, streamed)
     return adaptive.Policy(jnp.float32(0), jnp.float32(np.asarray(seconds) * 1e3), jnp.float32(threshold))

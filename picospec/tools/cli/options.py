@@ -64,7 +64,7 @@ def make_policy(args, draft, target, prompts):
     if args.K == "auto":
         capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
         sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
-        return auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts))
+        return auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), streamed=True)
     return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
 
 

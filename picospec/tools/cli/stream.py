@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step
 from picospec.batch import batch_buffers, batch_drafting, batch_step, in_batch, unfinished
 from picospec.gpt2 import Model
@@ -25,6 +26,7 @@ from picospec.sampling import Sampling
 from picospec.speculative import start, target_alone
 from picospec.state import Trace
 from picospec.tools import checks
+from picospec.tools.cli.costs import warm
 from picospec.tools.cli.programs import compiled
 from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.samplers import as_tree, plug_in
@@ -154,6 +156,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
     step, s2 = compile_now(iteration, *models, state, n_end, sampling, donate=("state",), B=len(prompts), **options)
+    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
+        s2 += warm(step, *models, state, n_end, sampling)
     timing.compile_seconds += s1 + s2
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced = np.zeros(len(prompts), int)
