@@ -63,7 +63,8 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
     asked = []
-    monkeypatch.setattr(costs, "measure", lambda *args: asked.append(args) or [2.0, 1.0, 1.2, 1.4])  # test_costs_are_timed_once
+    timed = lambda *args: asked.append(args) or [2.0, 1.0, 1.2, 1.4]  # noqa: E731  test_costs_are_timed_once times it
+    monkeypatch.setattr(costs, "measure", timed)
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
