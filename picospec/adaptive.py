@@ -55,8 +55,14 @@ def fixed(K: int, threshold: float = 0.0) -> Policy:
 
 
 def evidence(trace: Trace):
-    """(successes, failures) so far: drafts accepted, and drafts rejected (not those a stop left out)."""
-    return trace.n_accepted.sum(), jnp.sum(trace.proposed & (trace.n_accepted < trace.k))
+    """(successes, failures) so far, one trial for every draft judged (those accepted, and the one
+    rejected; not those after it, nor those a stop left out). Each counts its chance to be accepted,
+    beta_i = sum_x min(p[i](x), q[i](x)) (Leviathan et al.'s beta, whose mean is alpha), rather than
+    whether it was: the same expectation with far less noise at T > 0 (at T = 0 beta_i is 0 or 1, the
+    outcome itself), so a few iterations tell alpha well enough to choose k."""
+    judged = jnp.arange(trace.beta.shape[-1]) <= trace.n_accepted[..., None]  # [R, K] up to the first rejection
+    judged &= jnp.arange(trace.beta.shape[-1]) < trace.k[..., None]  # and proposed
+    return jnp.sum(judged * trace.beta), jnp.sum(judged * (1 - trace.beta))
 
 
 def alpha_estimate(trace: Trace):
@@ -96,7 +102,7 @@ def may_stop(policy: Policy, successes, failures):
     k = jnp.arange(1, policy.v.shape[0])  # [K]
     tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
     hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
-    return (successes + failures >= policy.evidence_to_stop) | hopeless
+    return (successes + failures > policy.evidence_to_stop - 0.5) | hopeless  # a count of drafts, summed in floats
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])
@@ -228,7 +234,8 @@ def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy:
     alone = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(judge))._replace(
         extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
     either = lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone)  # noqa: E731
-    return jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
+    verdict = jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
+    return verdict._replace(beta=jnp.minimum(p, q[:-1]).sum(-1))  # [K]: zero past the last proposed
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):

@@ -24,6 +24,7 @@ class Verdict(NamedTuple):  # steps 3 and 4's result: the trace records it as it
     u: jax.Array = 0.0  # float32 [K] the uniforms: d_i is accepted iff u_i < q/p (block: iff u_i < h_i stops there)
     w: jax.Array = 0.0  # float32 [K] block rule: the weight w_i of the block d_0..d_{i-1} (verifiers.py)
     h: jax.Array = 0.0  # float32 [K] block rule: the chance h_i to stop after i drafts
+    beta: jax.Array = 0.0  # float32 [K] sum_x min(p[i](x), q[i](x)): the chance d_i was accepted (adaptive.py)
 
 
 class Trace(NamedTuple):
@@ -38,6 +39,7 @@ class Trace(NamedTuple):
     u: jax.Array
     w: jax.Array
     h: jax.Array
+    beta: jax.Array
     n_steps: jax.Array  # int32 [] iterations run = target forward calls
 
     @property
@@ -62,4 +64,4 @@ class SpecState(NamedTuple):
 def empty_trace(R: int, K: int) -> Trace:
     """Room for R iterations of K drafts."""
     row, rows = jnp.zeros(R, jnp.int32), jnp.zeros((R, K))
-    return Trace(jnp.zeros((R, K), jnp.int32), row, row, row, rows, rows, rows, rows, rows, jnp.int32(0))
+    return Trace(jnp.zeros((R, K), jnp.int32), row, row, row, rows, rows, rows, rows, rows, rows, jnp.int32(0))

@@ -15,11 +15,13 @@ from test_verifiers import (RESIDUALS, V, add, block_law, markov_target_law, mar
 import picospec
 from picospec import Sampling, adaptive, theory
 from picospec.tools.cli.stream import stream
+from picospec.sampling import logits_to_probs
 from picospec.verifiers import RULES
 
 POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
-# K_max = 3, and k = 0 once one draft was judged and alpha looks below ~1/2: some runs stop drafting.
-STOPPING = adaptive.Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.1, 1.3]), jnp.float32(0), evidence_to_stop=1)
+# K_max = 3, 2 drafts at first, and k = 0 once two drafts were judged and alpha looks below ~1/2: runs
+# whose d_0 was accepted stop drafting at the second iteration, the others later.
+STOPPING = adaptive.Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.0, 1.0]), jnp.float32(0), evidence_to_stop=2)
 
 
 def padded_block_law(d, p, q):
@@ -159,12 +161,31 @@ def test_choose_k_is_the_theorys_optimal_K_and_alpha_comes_from_the_trace():
             assert k == theory.optimal_K(alpha, c, lambda K: v[K], 8, K_min=0)
             chosen.add(k)
     assert 0 in chosen and len(chosen) > 2  # not drafting is among the choices the theory makes
-    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4))
+    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4),
+                                           temperature=0)
     n = int(trace.n_steps)
     s, f = np.asarray(trace.n_accepted[:n]).sum(), np.sum(np.asarray(trace.n_accepted[:n]) < 4)
-    assert tuple(int(x) for x in adaptive.evidence(trace)) == (s, f)
+    assert tuple(int(x) for x in adaptive.evidence(trace)) == (s, f)  # at T = 0 beta is the outcome: 1 or 0
     assert np.isclose(float(adaptive.alpha_estimate(trace)), (s + 1) / (s + f + 2))
     assert abs(theory.alpha_from_trace(trace.n_accepted[:n], 4) - s / (s + f)) < 1e-9
+
+
+def test_the_evidence_at_T_above_0_is_each_judged_drafts_chance_of_acceptance():
+    """beta_i = sum_x min(p, q) at each draft judged, recomputed here from both models' full forward
+    passes over the output (an accepted prefix is its context); control: the accept/reject counts."""
+    prompt, T = [1, 4], 0.8
+    out, trace = picospec.speculative_sample(DRAFT, TARGET, prompt, 40, jax.random.key(3), K=4,
+                                             policy=adaptive.fixed(4), temperature=T)
+    x = np.concatenate([prompt, np.asarray(out)])
+    p, q = (np.asarray(logits_to_probs(picospec.gpt2.logits(m, x), Sampling(T))) for m in (DRAFT, TARGET))
+    beta = np.minimum(p, q).sum(-1)  # [len(x), V] -> [len(x)]: row j is the chance for the token at j + 1
+    n, start, successes, failures = int(trace.n_steps) - 1, len(prompt), [], 0.0  # the last may run past out
+    for a in np.asarray(trace.n_accepted[:n]):
+        judged = beta[start - 1:start - 1 + min(a + 1, 4)]  # d_0..d_a, each after the accepted ones
+        successes, failures, start = successes + [judged.sum()], failures + (1 - judged).sum(), start + a + 1
+    got = [float(e) for e in adaptive.evidence(trace._replace(k=trace.k.at[n:].set(0)))]
+    np.testing.assert_allclose(got, [sum(successes), failures], rtol=1e-4)
+    assert np.abs(np.subtract(successes, trace.n_accepted[:n])).max() > 0.5  # control: not the drafts accepted
 
 
 def test_choose_k_takes_the_expectation_over_alpha_posterior():
