@@ -149,9 +149,10 @@ def rank_law(children: str, p, q, width: int, draws: int = 64, seed: int = 0) ->
         if children == "top":
             law += child_acceptance("top", p_x, q_x, np.argsort(-p_x, kind="stable")[:width])
         else:
-            law += np.mean([child_acceptance("distinct", p_x, q_x, rng.choice(len(p_x), width, replace=False,
-                                                                              p=p_x / p_x.sum()))
-                            for _ in range(draws)], axis=0)
+            n = min(width, np.count_nonzero(p_x))  # children past p's support are never accepted (T = 0, top-k)
+            law[:n] += np.mean([child_acceptance("distinct", p_x, q_x, rng.choice(len(p_x), n, replace=False,
+                                                                                  p=p_x / p_x.sum()))
+                                for _ in range(draws)], axis=0)
     if children == "distinct":
         law[0] = np.minimum(p, q).sum(-1).sum()
     return law / len(p)

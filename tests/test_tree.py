@@ -186,6 +186,9 @@ def test_the_measured_rank_law_is_the_enumerated_acceptance_of_each_child():
         assert abs(1 + law.sum() - tokens_per_call(star, children, 2)) < tolerance, children
     alpha = theory.alpha_exact(P[0], Q[0])
     assert theory.rank_law("iid", P[0], Q[0], 3)[1] < theory.rank_acceptance(alpha, 3)[1] - 0.05
+    one_hot = np.eye(4)[[1]]  # T = 0: p has one token, so no second distinct child can be drawn, or accepted
+    law = theory.rank_law("distinct", one_hot, Q[:1], 3)
+    assert law[0] == pytest.approx(Q[0, 1]) and not law[1:].any()
 
 
 def test_theorys_tokens_per_call_of_a_tree_is_the_enumerated_one():
