@@ -11,7 +11,8 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
                (theory.rank_law, as --tree does), children drawn independently;
   tree distinct  the same for children drawn without replacement;
   tree top     the same for children the draft's most probable tokens;
-  dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M)).
+  dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M));
+  dynamic calibrated  the same, confidence calibrated on the prompts (dynamic.calibration, as --tree does).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under that rank law (theory.tree_tokens_per_call). Tokens/s: the
 compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
@@ -30,7 +31,7 @@ import numpy as np
 
 import picospec
 from picospec import Sampling, theory
-from picospec.dynamic import Grown, grown
+from picospec.dynamic import Grown, calibration, grown
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import logits_to_probs
 from picospec.tools.bench.report import cpu_name
@@ -44,10 +45,12 @@ from adaptive import gpt2_shaped  # noqa: E402
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 
 
-def contenders(M: int, laws) -> dict:  # laws: the rank law of each way to choose children
+def contenders(M: int, laws, p_plain, q) -> dict:  # laws: the rank law of each way to choose children
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
+    budget = grown(M)
     return found | {f"tree {c}": dict(tree=Shape(theory.optimal_tree(M, laws[c])), children=c) for c in laws} \
-        | {"dynamic": dict(tree=grown(M))}
+        | {"dynamic": dict(tree=budget),
+           "dynamic calibrated": dict(tree=budget._replace(calibration=calibration(p_plain, q, budget.W)))}
 
 
 def shape_of(kw):
@@ -92,7 +95,7 @@ def main(argv=None):
             return calls, theory.alpha_from_trace(np.concatenate(kept_all), M)
         chain_calls, alpha = tokens_per_call(dict(K=M))
         laws = {c: theory.rank_law(c, p_plain if c == "top" else p, q, M) for c in ("iid", "distinct", "top")}
-        race = {name: kw for name, kw in contenders(M, laws).items()
+        race = {name: kw for name, kw in contenders(M, laws, p_plain, q).items()
                 if not args.only or name in args.only.split(",") or name == "chain"}
         per_call = {"chain": chain_calls} | {name: tokens_per_call(kw)[0] for name, kw in race.items()
                                               if name != "chain"}
@@ -108,7 +111,7 @@ def main(argv=None):
         for name, kw in race.items():
             parents = shape_of(kw)
             if isinstance(parents, Grown):  # grown each call: no one shape to predict for
-                predicted, spelled = float("nan"), str(parents)
+                predicted, spelled = float("nan"), str(tuple(parents[:3]))  # (M, W, D)
             else:
                 edges = theory.rank_edges(parents, laws[kw.get("children", "iid")])
                 predicted = theory.tree_tokens_per_call(parents, edges)

@@ -5,8 +5,9 @@ compiled loop (shapes stay those of K):
   theory      before drafting, pick the k in 0..K that maximizes the expected tokens per unit of
               time, E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement),
               with the costs measured on this machine (tools/cli/costs.py) and the expectation taken
-              over what the iterations so far say of alpha (a Beta posterior: few iterations, a
-              wide one, which favours drafting more than its mean alone would). k = 0 is not
+              over what the iterations so far say of alpha (a Beta posterior over each judged
+              draft's chance of acceptance, `evidence`: few iterations, a wide one, which favours
+              drafting more than its mean alone would). k = 0 is not
               drafting at all. It judges no drafts, so the evidence and the choice stay: the draft
               has stopped for good (`stopped`), and the loop goes on with the target alone, one
               autoregressive step an iteration (speculative.target_alone);

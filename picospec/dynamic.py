@@ -15,6 +15,14 @@ the walk follows the target's argmax (its greedy output). The confidence ranks b
 softmax (temperature 1): at T = 0 its sampling law is one-hot and would rank only the first guess.
 Unlike a Shape, the tree is data, different each call: `Layout` holds its parents as an array and
 builds its depths and mask on the device. The step is tree_verify.tree_step.
+
+Calibrated confidence. A draft's probability is not the chance its guess is accepted: the bundled draft
+gives its first guess ~0.5 and the target agrees with it ~88% of the time at T = 0, so the product of
+raw probabilities spends the budget on siblings near the root where depth would pay. A `calibration`,
+a(c) = E[q(x) | p(x) = c] measured on some text (`calibration`: how often, or with what probability,
+the target takes a guess the draft gave probability c), ranks paths by the product of a(p) instead,
+which is the chance the path is accepted when the guesses are independent (Sequoia's value of a node).
+Still a function of the draft's probabilities alone, so every tree stays exact.
 """
 
 from dataclasses import dataclass
@@ -36,6 +44,7 @@ class Grown(NamedTuple):
     M: int
     W: int
     D: int
+    calibration: tuple | None = None  # a(c) at the centres of equal bins of c in [0, 1] (`calibration`); None: c
 
     @property
     def lookahead(self) -> int:  # the cache slots a call writes past the sequence: the grown nodes, or M
@@ -88,13 +97,33 @@ class Layout:
         return jnp.where(first > self.M, 0, first)
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["draft"], meta_fields=["budget"])
+def calibration(p, q, W: int, bins: int = 10) -> tuple:
+    """a(c), the chance a guess the draft gives probability c is accepted as a first child: E[q(x) | p(x)]
+    over the W most probable draft tokens x at each position. p: the draft's plain softmax [N, V]; q: the
+    target's sampling law [N, V] (one-hot at T = 0: a(c) is how often x is the target's argmax). Returned
+    at the centres of `bins` equal bins of c, non-decreasing (a running maximum); a bin without a guess: c."""
+    top = np.argsort(-p, axis=1, kind="stable")[:, :W]  # [N, W]
+    c, accepted = np.take_along_axis(p, top, 1).ravel(), np.take_along_axis(q, top, 1).ravel()
+    which, centres = np.minimum((c * bins).astype(int), bins - 1), (np.arange(bins) + 0.5) / bins
+    a = [accepted[which == b].mean() if (which == b).any() else centres[b] for b in range(bins)]
+    return tuple(float(x) for x in np.maximum.accumulate(a))
+
+
+def calibrated(table: jax.Array, p):
+    """a(p) from a calibration table [bins], interpolated; strictly increasing in p (a tiny slope keeps
+    the draft's order among guesses of one bin), in (0, 1) so a child ranks below its parent."""
+    centres = (jnp.arange(table.shape[0]) + 0.5) / table.shape[0]
+    return jnp.clip(jnp.interp(p, centres, table) + 1e-4 * p, 1e-6, 0.999)
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["draft", "calibration"], meta_fields=["budget"])
 @dataclass(frozen=True)
 class DynamicDraft:
     """A model's guesses as a tree of M nodes grown W wide and D deep, by confidence (EAGLE-2)."""
 
     draft: object  # a ModelDraft
-    budget: Grown
+    budget: Grown  # without its calibration, which is data:
+    calibration: jax.Array | None = None  # float32 [bins]: a(c) (`calibration`); None: rank by c itself
     children = "top"  # chosen deterministically: verified as one-hot proposals
     may_stop = False
 
@@ -103,7 +132,7 @@ class DynamicDraft:
 
     def propose(self, state, key, K: int, sampling: Sampling) -> TreeProposal:
         """Step 1: expand W wide for D depths (one draft call a depth), then keep the M most confident."""
-        (M, W, D), model, base = self.budget, self.draft.model, state.n - 1
+        (M, W, D, _), model, base = self.budget, self.draft.model, state.n - 1
         p_root, cache = catch_up(model, state.tokens, state.n, state.draft_cache, Sampling())  # root at slot base
         grown = 1 + W * D  # the root, then W nodes a depth, at draft slots base + 0 .. W D
         tokens = jnp.zeros(grown, jnp.int32).at[0].set(state.tokens[base])  # [1 + W D]
@@ -115,7 +144,8 @@ class DynamicDraft:
                 logits, cache = feed(model, tokens[frontier], cache, base, frontier, Layout(parents, D))
                 laws = laws.at[frontier].set(logits_to_probs(logits, Sampling()))
             p, token = jax.lax.top_k(laws[frontier], W)  # [F, W] each frontier node's W best children
-            c, best = jax.lax.top_k((confidence[frontier][:, None] + jnp.log(p)).ravel(), W)  # the W best paths
+            a = p if self.calibration is None else calibrated(self.calibration, p)  # [F, W]
+            c, best = jax.lax.top_k((confidence[frontier][:, None] + jnp.log(a)).ravel(), W)  # the W best paths
             level = 1 + (d - 1) * W + np.arange(W)
             tokens, confidence = tokens.at[level].set(token.ravel()[best]), confidence.at[level].set(c)
             parents = parents.at[level - 1].set(jnp.asarray(frontier)[best // W])

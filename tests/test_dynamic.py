@@ -15,7 +15,7 @@ from test_verifiers import add, markov_tables, markov_target_law, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.dynamic import DynamicDraft, Grown, grown
+from picospec.dynamic import DynamicDraft, Grown, calibration, grown
 from picospec.sampling import logits_to_probs
 from picospec.speculative import ModelDraft, start
 from picospec.tree import Shape
@@ -25,14 +25,16 @@ def reference_tree(budget: Grown, x, law_after):
     """EAGLE-2 written out: W best children per frontier node, the W best paths a depth, then the M most
     confident nodes, in the order grown. law_after(path): the draft's law after the path's tokens.
     Returns the kept tree's tokens (x first) and parents."""
-    M, W, D = budget
+    M, W, D, table = budget
+    a = (lambda c: c) if table is None else lambda c: np.clip(  # noqa: E731  dynamic.calibrated, in numpy
+        np.interp(c, (np.arange(len(table)) + 0.5) / len(table), table) + 1e-4 * c, 1e-6, 0.999)
     nodes, frontier = [], [-1]  # (tokens from x, log confidence, parent: an index in nodes, -1 the root)
     for _ in range(D):
         offers = []
         for f in frontier:
             path, c = ((x,), 0.0) if f < 0 else nodes[f][:2]
             p = law_after(path)
-            offers += [(path + (int(t),), c + np.log(p[t]), f) for t in np.argsort(-p, kind="stable")[:W]]
+            offers += [(path + (int(t),), c + np.log(a(p[t])), f) for t in np.argsort(-p, kind="stable")[:W]]
         frontier = list(range(len(nodes), len(nodes) + W))
         nodes += sorted(offers, key=lambda offer: -offer[1])[:W]  # a stable sort: ties in the order offered
     kept = sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i][1])[:M])
@@ -57,14 +59,18 @@ def law_error(budget, seed, verified_as="top", L=3):
     return max(abs(law.get(s, 0.0) - target[s]) for s in target)
 
 
-@pytest.mark.parametrize("budget", [Grown(3, 2, 2), Grown(4, 3, 2), Grown(3, 2, 3)])
+CONCAVE = (0.3, 0.8, 0.9, 0.93, 0.95, 0.96, 0.97, 0.98, 0.98, 0.99)  # a calibration: guesses better than p says
+
+
+@pytest.mark.parametrize("budget", [Grown(3, 2, 2), Grown(4, 3, 2), Grown(3, 2, 3), Grown(3, 2, 3, CONCAVE)])
 def test_the_dynamic_tree_verified_as_top_children_gives_the_targets_law_exactly(budget):
     for seed in (0, 1, 2):
         assert law_error(budget, seed) < 1e-6, seed
     assert law_error(budget, 0, verified_as="iid") > 1e-3  # the control: its children taken for draws from p
 
 
-@pytest.mark.parametrize("budget", [Grown(6, 3, 3), pytest.param(Grown(4, 2, 3), marks=pytest.mark.slow),
+@pytest.mark.parametrize("budget", [Grown(6, 3, 3), Grown(6, 3, 3, CONCAVE),
+                                    pytest.param(Grown(4, 2, 3), marks=pytest.mark.slow),
                                     pytest.param(Grown(5, 2, 5), marks=pytest.mark.slow)])
 def test_the_draft_grows_the_reference_tree(budget):
     target = random_model(seed=3, vocab_size=24, n_layer=2, n_positions=64, std=0.3)
@@ -73,7 +79,9 @@ def test_the_draft_grows_the_reference_tree(budget):
 
     def grow(tokens):  # -> the kept tree's tokens [M+1], parents [M] and depths [M+1]
         state = start(draft, target, tokens, 3, jax.random.key(0), budget.lookahead, 4, 32)
-        tree = DynamicDraft(draft, budget).propose(state, jax.random.key(1), budget.lookahead, Sampling(0.8))
+        table = None if budget.calibration is None else jnp.float32(budget.calibration)
+        tree = DynamicDraft(draft, budget._replace(calibration=None), table).propose(state, jax.random.key(1),
+                                                                                    budget.lookahead, Sampling(0.8))
         return tree.tokens, tree.shape.parents, tree.shape.depth
 
     tokens, parents, depth = jax.jit(grow)(jnp.zeros(32, jnp.int32).at[:3].set(jnp.array(prompt)))
@@ -84,6 +92,26 @@ def test_the_draft_grows_the_reference_tree(budget):
     assert tuple(int(j) for j in parents) == expected[1] and len(set(expected[1])) > 1  # a tree, not a chain
     depth = np.asarray(depth)
     assert all(depth[j] == depth[p] + 1 for j, p in enumerate(expected[1], 1))
+    if budget.calibration is not None:  # the control: calibrated, it is another tree, and deeper
+        raw = reference_tree(budget._replace(calibration=None), prompt[-1], law)
+        assert raw[1] != expected[1] and depth.max() > max(reference_depths(raw[1]))
+
+
+def reference_depths(parents):
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth
+
+
+def test_the_calibration_is_how_often_the_target_takes_a_guess_of_that_probability():
+    p = np.array([[0.55, 0.3, 0.1, 0.05], [0.52, 0.02, 0.06, 0.4], [0.95, 0.03, 0.01, 0.01]])
+    q = np.eye(4)[[0, 3, 2]]  # T = 0: the target's argmax 0, 3 and 2
+    table = calibration(p, q, W=2, bins=4)  # the 2 best guesses a position: 0.55 0.3 | 0.52 0.4 | 0.95 0.03
+    # bins of c: [0, 1/4) holds 0.03 (not taken); [1/4, 1/2) 0.3 (not) and 0.4 (taken); [1/2, 3/4) 0.55
+    # (taken) and 0.52 (not); [3/4, 1] 0.95 (not taken), raised to the bin before it: non-decreasing.
+    assert table == pytest.approx((0.0, 0.5, 0.5, 0.5))
+    assert calibration(p[:1], q[:1], W=1, bins=4) == pytest.approx((0.125, 0.375, 1.0, 1.0))  # empty bins: c
 
 
 @pytest.mark.parametrize("budget, prompt", [(Grown(4, 2, 3), [3]),

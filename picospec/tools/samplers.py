@@ -4,6 +4,7 @@ their input checked (tools/checks.py), their options named (`verify="block"`, `d
 placed on devices."""
 
 import jax
+import jax.numpy as jnp
 
 from picospec import autoregressive, gpt2, speculative
 from picospec.adaptive import AdaptiveDraft, adaptive_step, fixed
@@ -30,7 +31,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
     if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
-        return DynamicDraft(draft, tree), tree_step, verify_tree
+        table = None if tree.calibration is None else jnp.float32(tree.calibration)  # data, not the program
+        return DynamicDraft(draft, tree._replace(calibration=None), table), tree_step, verify_tree
     if tree == chain(K) and children != "top" and drafts == 1:  # a chain drawn from p (one child a node: iid
         return draft, speculative_step, verify  # is distinct): run it on speculative.py's step, less machinery
     if tree is not None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from picospec import adaptive, theory
 from picospec.batch import batch_buffers
-from picospec.dynamic import Grown, grown
+from picospec.dynamic import Grown, calibration, grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import logits
 from picospec.sampling import Sampling, logits_to_probs
@@ -42,19 +42,22 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     """--tree M: theory's best tree of M nodes (theory.optimal_tree) under the rank law measured at
     start-up on the prompts themselves (theory.rank_law for the children asked for, from p and q at
     each of their positions, one forward call of each model a prompt); without models, or with fewer
-    than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call."""
+    than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call, its
+    confidence calibrated on the same positions (dynamic.calibration; uncalibrated with fewer than 4)."""
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
-    if args.children == "dynamic":  # grown each call (dynamic.py): no shape to choose
-        return grown(args.tree)
-    ranked = Sampling() if args.children == "top" else sampling  # top children rank by the plain softmax
+    ranked = Sampling() if args.children in ("top", "dynamic") else sampling  # these rank by the plain softmax
     laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, ranked),
                                                                                       (target, sampling))]
             for prompt in prompts if draft is not None and len(prompt) > 1]  # [positions, V] each
-    if sum(len(p) for p, _ in laws) < 4:
+    measured = sum(len(p) for p, _ in laws) >= 4
+    p, q = (np.concatenate(side) for side in zip(*laws)) if measured else (None, None)
+    if args.children == "dynamic":  # grown each call (dynamic.py), its confidence calibrated on the prompts
+        budget = grown(args.tree)
+        return budget._replace(calibration=calibration(p, q, budget.W)) if measured else budget
+    if not measured:
         return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
-    p, q = (np.concatenate(side) for side in zip(*laws))
     return Shape(theory.optimal_tree(args.tree, theory.rank_law(args.children, p, q, args.tree)))
 
 
