@@ -12,7 +12,8 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
   tree distinct  the same for children drawn without replacement;
   tree top     the same for children the draft's most probable tokens;
   dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M));
-  dynamic calibrated  the same, confidence calibrated on the prompts (dynamic.calibration, as --tree does).
+  dynamic calibrated  as --tree M --children dynamic grows it: as deep as theory's tree of top children
+               under their rank law on the prompts, its confidence calibrated there (dynamic.calibration).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under that rank law (theory.tree_tokens_per_call). Tokens/s: the
 compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
@@ -47,10 +48,10 @@ PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, s
 
 def contenders(M: int, laws, p_plain, q) -> dict:  # laws: the rank law of each way to choose children
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
-    budget = grown(M)
+    deep = grown(M, Shape(theory.optimal_tree(M, laws["top"])).D)  # as deep as theory's tree of top children
     return found | {f"tree {c}": dict(tree=Shape(theory.optimal_tree(M, laws[c])), children=c) for c in laws} \
-        | {"dynamic": dict(tree=budget),
-           "dynamic calibrated": dict(tree=budget._replace(calibration=calibration(p_plain, q, budget.W)))}
+        | {"dynamic": dict(tree=grown(M)),
+           "dynamic calibrated": dict(tree=deep._replace(calibration=calibration(p_plain, q, deep.W)))}
 
 
 def shape_of(kw):

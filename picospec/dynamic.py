@@ -51,9 +51,10 @@ class Grown(NamedTuple):
         return max(self.M, self.W * self.D)
 
 
-def grown(M: int) -> Grown:
-    """The budget for M nodes: up to 6 deep (EAGLE-2's trees are 5-6), twice as many grown as kept."""
-    D = min(M, 6)
+def grown(M: int, D: int | None = None) -> Grown:
+    """The budget for M nodes: D deep (by default up to 6: EAGLE-2's trees are 5-6), twice as many grown
+    as kept. The CLI takes D from theory's best tree of M nodes for the acceptance it measures."""
+    D = min(M, 6) if D is None else min(M, D)
     return Grown(M, max(2, -(-2 * M // D)), D)
 
 

@@ -275,7 +275,13 @@ def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts()
     assert bushy.M == 8 and max(bushy.parents.count(j) for j in bushy.parents) > 1
     fallback = tree_shape(args, unrelated, target, [[1, 5]], Sampling(1.0))  # too few positions to measure
     assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))
-    assert tree_shape(Namespace(tree=8, children="dynamic"), target, target, prompts) == grown(8)  # no shape chosen
+    dynamic, greedy = Namespace(tree=8, children="dynamic"), Sampling(0.0)  # grown as deep as theory's tree
+    budget = tree_shape(dynamic, target, target, prompts, greedy)  # alpha = 1: the best tree is a chain
+    assert budget[:3] == grown(8, 8)[:3] and budget.calibration is not None  # ... and its confidence calibrated
+    law = theory.rank_law("top", *(np.asarray(picospec.sampling.logits_to_probs(picospec.logits(m, prompts[0]), how))
+                                   for m, how in ((unrelated, Sampling()), (target, greedy))), 8)
+    deep = Shape(theory.optimal_tree(8, law)).D
+    assert tree_shape(dynamic, unrelated, target, prompts, greedy)[:3] == grown(8, deep)[:3] and deep < 8
 
 
 @pytest.mark.slow

@@ -30,8 +30,11 @@ def k_value(text: str):
 
 
 def K_max(args) -> int:  # the loop's lookahead
+    if args.tree and args.children == "dynamic":  # the budget's; before it is chosen, the most any may need
+        chosen = getattr(args, "shape", None)
+        return chosen.lookahead if chosen else max(grown(args.tree, D).lookahead for D in range(1, args.tree + 1))
     if args.tree:
-        return grown(args.tree).lookahead if args.children == "dynamic" else args.tree
+        return args.tree
     return AUTO_K_MAX if args.K == "auto" else args.K
 
 
@@ -42,8 +45,8 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     """--tree M: theory's best tree of M nodes (theory.optimal_tree) under the rank law measured at
     start-up on the prompts themselves (theory.rank_law for the children asked for, from p and q at
     each of their positions, one forward call of each model a prompt); without models, or with fewer
-    than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call, its
-    confidence calibrated on the same positions (dynamic.calibration; uncalibrated with fewer than 4)."""
+    than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call, as deep
+    as that best tree of top children, its confidence calibrated on the same positions (dynamic.calibration)."""
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
@@ -53,9 +56,10 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
             for prompt in prompts if draft is not None and len(prompt) > 1]  # [positions, V] each
     measured = sum(len(p) for p, _ in laws) >= 4
     p, q = (np.concatenate(side) for side in zip(*laws)) if measured else (None, None)
-    if args.children == "dynamic":  # grown each call (dynamic.py), its confidence calibrated on the prompts
-        budget = grown(args.tree)
-        return budget._replace(calibration=calibration(p, q, budget.W)) if measured else budget
+    if args.children == "dynamic":  # grown each call (dynamic.py) as deep as theory's tree of top children,
+        law = theory.rank_law("top", p, q, args.tree) if measured else theory.rank_acceptance(TREE_ALPHA, args.tree)
+        budget = grown(args.tree, Shape(theory.optimal_tree(args.tree, law)).D)
+        return budget._replace(calibration=calibration(p, q, budget.W)) if measured else budget  # and calibrated
     if not measured:
         return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
     return Shape(theory.optimal_tree(args.tree, theory.rank_law(args.children, p, q, args.tree)))
