@@ -181,7 +181,8 @@ for n, b in zip(NS, predicted):
 #
 # `--K auto` (`picospec/adaptive.py`) picks, before each call, the k that maximizes expected tokens per
 # unit of time, E[1 + α + … + α^k] / (k c + v(k)), with the costs timed on this machine and the
-# expectation taken over α's posterior given the calls so far (accepted and rejected drafts). Here the
+# expectation taken over α's posterior given the calls so far: each draft judged counts its chance of
+# acceptance, β = Σ_x min(p(x), q(x)), rather than whether it was accepted (less noise). Here the
 # costs are fixed by hand (c = 0.25, v(k) = 1 + 0.1 k) so the run is the same everywhere: the k chosen
 # at each call follows the evidence, and the output is still exactly the target's (stopping early is
 # the draft proposing a token q never accepts).
@@ -194,7 +195,7 @@ _, trace = picospec.speculative_sample(draft, target, prompt, 100, jax.random.ke
                                        policy=policy)
 steps = int(trace.n_steps)
 k_chosen, kept = np.asarray(trace.k[:steps]), np.asarray(trace.n_accepted[:steps])
-alpha_seen = [(kept[:i].sum() + 1) / (kept[:i].sum() + np.sum(kept[:i] < k_chosen[:i]) + 2) for i in range(steps)]
+alpha_seen = [float(adaptive.alpha_estimate(trace._replace(k=trace.k.at[i:].set(0)))) for i in range(steps)]
 fig, ax = plt.subplots(figsize=(8.5, 3.2))
 ax.step(range(steps), k_chosen, where="mid", label="k drafted")
 ax.plot(range(steps), kept, "k.", label="kept")

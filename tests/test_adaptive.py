@@ -237,6 +237,7 @@ def test_not_drafting_needs_evidence_first_and_then_stays():
     np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, [1, 4], 50, key, temperature=0))
 
 
+@pytest.mark.slow
 def test_the_stopping_policy_does_stop_on_some_keys():
     """The joint-law test above with STOPPING exercises k = 0: on some keys the second iteration drafts nothing."""
     keys = jax.random.split(jax.random.key(2), 64)

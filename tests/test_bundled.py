@@ -62,6 +62,7 @@ def held_out_prompts(n=12, length=24):
     return [t[i * 50:i * 50 + length] for t in tokens for i in range(2)][:n]
 
 
+@pytest.mark.slow  # the perplexity and English tests keep the pair's quality in the fast suite
 def test_acceptance_rate_at_temperature_0_with_K4_is_at_least_0_6():
     accepted = drafted = 0
     for prompt in held_out_prompts():

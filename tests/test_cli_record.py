@@ -43,7 +43,7 @@ RUNS = {
     "auto sampled, confidence": ["--K", "auto", "--confidence", "0.2", *SAMPLED],
     "autoregressive": ["--mode", "autoregressive", *SAMPLED],
 }
-FAST = ["block sampled", "two drafts, match", "batch of 3", "auto sampled, confidence"]  # batch of 3: token, sampled
+FAST = ["auto sampled, confidence"]  # the rest: test_batch, test_several, test_verifiers, and -m slow
 COSTS = [100.0, 1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9]  # ms per iteration drafting k = 0..7: auto's choices, fixed
 
 

@@ -69,7 +69,7 @@ def test_the_dynamic_tree_verified_as_top_children_gives_the_targets_law_exactly
     assert law_error(budget, 0, verified_as="iid") > 1e-3  # the control: its children taken for draws from p
 
 
-@pytest.mark.parametrize("budget", [Grown(6, 3, 3), Grown(6, 3, 3, CONCAVE),
+@pytest.mark.parametrize("budget", [pytest.param(Grown(6, 3, 3), marks=pytest.mark.slow), Grown(6, 3, 3, CONCAVE),
                                     pytest.param(Grown(4, 2, 3), marks=pytest.mark.slow),
                                     pytest.param(Grown(5, 2, 5), marks=pytest.mark.slow)])
 def test_the_draft_grows_the_reference_tree(budget):

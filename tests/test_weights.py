@@ -134,7 +134,7 @@ def test_hub_name_loads_from_a_populated_cache_offline(tmp_path):
     assert float(total) == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
     # 150 MB of float32 weights: big enough that an extra full copy would show.
     config = picospec.GPT2Config(n_layer=12, n_head=8, n_embd=512, n_positions=256, vocab_size=1000, eos_token_id=0)
