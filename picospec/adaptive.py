@@ -14,7 +14,7 @@ compiled loop (shapes stay those of K):
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
-`adaptive_step` has the target score only the k + 1 positions it needs (score_first); a draft that
+`adaptive_step` has the target score only the k + 1 positions it needs (score_first.py); a draft that
 proposes nothing (the n-gram lookup that finds nothing) costs one plain step.
 
 Why it stays lossless: both rules look only at what was drafted so far, never at a verification coin.
@@ -29,9 +29,10 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from picospec.gpt2 import KVCache, Model, forward, precision, transformer
+from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import Sampling, logits_to_probs, sample
-from picospec.speculative import ModelDraft, catch_up, score, speculative_step
+from picospec.score_first import own, score_first
+from picospec.speculative import ModelDraft, catch_up, speculative_step
 from picospec.state import Proposal, Trace, Verdict
 
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
@@ -70,10 +71,6 @@ def alpha_estimate(trace: Trace):
     """alpha's posterior mean: a uniform prior, then the trace's evidence (1/2 before any)."""
     successes, failures = evidence(trace)
     return (successes + 1.0) / (successes + failures + 2.0)
-
-
-def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
-    return k
 
 
 def choose_k(policy: Policy, successes, failures, pool=own):
@@ -169,62 +166,6 @@ def propose_up_to(draft: Model, tokens, n, cache: KVCache, key, K: int, k, thres
                      jnp.zeros((K,) + p_0.shape, p_0.dtype).at[0].set(p_0), go_on(0, d_0, p_0))
     s = jax.lax.while_loop(lambda s: agree(s.going.astype(jnp.int32)) > 0, draft_step, start)
     return Proposal(s.drafted, s.p, s.cache, s.k)
-
-
-def attention_apart(q, k, v, k_cache, v_cache, q_pos):
-    """gpt2.cached_attention that leaves the cache as it is: attend over its slots before q_pos[0] and,
-    causally, over this call's own keys and values k, v [H, T, D], held apart. Returns y [T, H, D], k, v."""
-    S, T = k_cache.shape[1], q.shape[0]
-    scores = lambda keys: jnp.einsum("thd,hsd->hts", q, keys, precision=precision(q.dtype),  # noqa: E731
-                                     preferred_element_type=jnp.float32) / jnp.sqrt(q.shape[-1])
-    old = jnp.where(jnp.arange(S) < q_pos[0], scores(k_cache), -jnp.inf)  # [H, T, S]
-    new = jnp.where(jnp.tri(T, dtype=bool), scores(k), -jnp.inf)  # [H, T, T]
-    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(q.dtype)  # [H, T, S + T]
-    mix = lambda w, values: jnp.einsum("hts,hsd->htd", w, values, precision=precision(values.dtype),  # noqa: E731
-                                       preferred_element_type=jnp.float32)
-    y = mix(weights[..., :S], v_cache) + mix(weights[..., S:], v)  # [H, T, D]
-    return y.astype(q.dtype).transpose(1, 0, 2), k, v
-
-
-def peek(model: Model, tokens, cache: KVCache):
-    """gpt2.forward that leaves the cache as it is: logits [T, V], and (keys, values) for `append`."""
-    logits, keys, values = transformer(model, tokens, cache, attend=attention_apart)
-    return logits, (keys, values)
-
-
-def append(cache: KVCache, keys, values) -> KVCache:
-    """The cache with T keys and values (n_layer x [H, T, D] each, from peek) written at [length, length + T)."""
-    write = lambda buffer, new: jax.lax.dynamic_update_slice(buffer, new, (0, cache.length, 0))  # noqa: E731
-    return KVCache([write(b, k) for b, k in zip(cache.k, keys)], [write(b, v) for b, v in zip(cache.v, values)],
-                   cache.length + keys[0].shape[1])
-
-
-def score_sizes(K: int) -> list[int]:
-    """The numbers of positions score_first compiles for up to K drafts: 1, 2, 4, 8, ... and K + 1."""
-    return [size for size in (2 ** i for i in range(K.bit_length() + 1)) if size < K + 1] + [K + 1]
-
-
-def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own):
-    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K) that hold
-    those k + 1 (lax.switch runs one compiled branch per size; a few, as every branch costs a little even
-    when it does not run). Returns q [K+1, V], zero past row k. The branches only read the cache (peek),
-    written once after them: a branch that wrote it would make XLA copy every cache buffer each call."""
-    K = proposal.drafted.shape[0]
-    k = agree(proposal.k)
-
-    def first(size):  # x[n-1], d_0..d_{size-2}: the drafts past k are padding, after every real one
-        def run(cache):
-            q, (keys, values) = score(target, tokens, n, proposal._replace(drafted=proposal.drafted[:size - 1]),
-                                      cache, sampling, forward=peek)  # [size, V], n_layer x [H, size, D]
-            pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - size), (0, 0)))  # noqa: E731  [H, K+1, D]
-            return jnp.pad(q, ((0, K + 1 - size), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
-        return run
-
-    sizes = score_sizes(K)
-    branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 positions
-    q, keys, values = jax.lax.switch(branch, [first(size) for size in sizes], cache)  # [K+1, V], ...
-    q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
-    return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps
 
 
 def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:
