@@ -102,7 +102,8 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     """[seconds per iteration of B rows that drafts k, for k = 0..K_max], timed now: each k runs n iterations
     a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
-    rounds of each k's time over k = 0's in the same round, times k = 0's median."""
+    rounds of each k's time over k = 0's in the same round, times k = 0's median. streamed: each plus what
+    a call and a read of its report per iteration add, the k = 0 lap run so against in one call."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
 
     wrapped, step, _ = plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), jnp.ones(K_max + 1),
