@@ -25,7 +25,7 @@ from picospec.sampling import Sampling
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 from picospec.tools.cli.costs import auto_policy
-from picospec.tools.cli.options import AUTO_K_MAX
+from picospec.tools.cli.options import AUTO_K_MAX, prompt_prior
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402
@@ -64,7 +64,8 @@ def main(argv=None):
             prompts = prompts_for(B)
             key_sets = [jax.random.split(jax.random.key(seed), B) for seed in range(args.seeds if T > 0 else 1)]
             capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
-            auto = auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B)
+            auto = prompt_prior(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), draft, target,
+                                prompts, Sampling(T))  # as the CLI: the prompts' beta as its prior
 
             def spec(**kw):
                 return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)

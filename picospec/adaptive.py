@@ -38,7 +38,7 @@ from picospec.state import Proposal, Trace, Verdict
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop"],
+@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior"],
          meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
@@ -49,6 +49,8 @@ class Policy:
     threshold: jax.Array  # float32 []: stop after a draft token of probability below it (0: never)
     evidence_to_stop: jax.Array | int = EVIDENCE_TO_STOP  # int32 []: judged drafts before k = 0 is allowed
     auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
+    prior: jax.Array | tuple = (0.0, 0.0)  # (successes, failures) before any iteration: one row's share of
+    # the beta measured on the prompts (tools/cli/options.py), or none
 
 
 def fixed(K: int, threshold: float = 0.0) -> Policy:
@@ -113,19 +115,23 @@ class AdaptiveDraft:
     agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
     pool: Callable = own  # in a batch, the rows choose one k together (choose_k)
 
+    def evidence(self, state):  # (successes, failures): the policy's prior, then the trace's
+        successes, failures = evidence(state.trace)
+        return successes + self.policy.prior[0], failures + self.policy.prior[1]
+
     @property
     def may_stop(self) -> bool:  # a policy that weighs k = 0 may choose it, for good
         return self.policy.auto
 
     def stopped(self, state):  # bool []: theory chose k = 0, final since nothing more is judged
-        return choose_k(self.policy, *evidence(state.trace), self.pool) == 0
+        return choose_k(self.policy, *self.evidence(state), self.pool) == 0
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return self.draft.prefill(tokens, n, prefill_len, max_len)
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
-        k = choose_k(self.policy, *evidence(state.trace), self.pool) if self.policy.auto else jnp.int32(K)
+        k = choose_k(self.policy, *self.evidence(state), self.pool) if self.policy.auto else jnp.int32(K)
         if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
             return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
                                  self.policy.threshold, sampling, self.agree)

@@ -272,3 +272,24 @@ def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
         assert (k == 0).any() and (k[np.argmax(k == 0):] == 0).all()  # it stopped, for good
         assert [s.k for s in rows[b]] == k.tolist()
         np.testing.assert_array_equal(sum((s.tokens for s in rows[b]), []), out[b])
+
+
+def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_stays_exact():
+    """The CLI's prior (options.prompt_prior): the beta of the prompt's own tokens, a row's share. A draft
+    the target never agrees with on the prompt stops before its first call; one it always agrees with
+    brings no failures. Greedy output stays the target's (the choice of k looks only at the past)."""
+    from picospec.tools.cli.options import prompt_prior
+    v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
+    policy, prompt, greedy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
+    unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
+    doubtful = prompt_prior(policy, unrelated, TARGET, [prompt], greedy)
+    assert float(doubtful.prior[0]) < 2 and float(sum(doubtful.prior)) == len(prompt)
+    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [len(prompt), 0]
+    out, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
+                                             policy=doubtful)
+    assert not np.asarray(trace.k[:int(trace.n_steps)]).any()  # never drafted
+    np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, prompt, 20, jax.random.key(0),
+                                                                      temperature=0))
+    _, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
+                                           policy=policy)
+    assert np.asarray(trace.k[:2]).all()  # the control: without the prior it drafts first

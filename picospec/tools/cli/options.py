@@ -2,16 +2,18 @@
 or `auto` with the policy behind it)."""
 
 import argparse
+import dataclasses
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from picospec import adaptive, theory
 from picospec.batch import batch_buffers
 from picospec.dynamic import Grown, calibration, grown
 from picospec.errors import PicospecError
-from picospec.gpt2 import logits
+from picospec.gpt2 import Model, logits
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli.costs import auto_policy
@@ -38,6 +40,18 @@ def K_max(args) -> int:  # the loop's lookahead
     return AUTO_K_MAX if args.K == "auto" else args.K
 
 
+def prompt_laws(draft, target, prompts, p_sampling: Sampling, q_sampling: Sampling, least: int = 4):
+    """(p, q) [positions, V]: the draft's and the target's laws at every position of the prompts (one
+    forward call of each model a prompt), what the CLI measures acceptance from before it generates;
+    (None, None) with fewer than `least` positions, or a draft that is not a model."""
+    laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, p_sampling),
+                                                                                      (target, q_sampling))]
+            for prompt in prompts if isinstance(draft, Model)]
+    if sum(len(p) for p, _ in laws) < least:
+        return None, None
+    return tuple(np.concatenate(side) for side in zip(*laws))
+
+
 TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts are too short to measure it
 
 
@@ -51,11 +65,8 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
         return None
     checks.positive("tree", args.tree)
     ranked = Sampling() if args.children in ("top", "dynamic") else sampling  # these rank by the plain softmax
-    laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, ranked),
-                                                                                      (target, sampling))]
-            for prompt in prompts if draft is not None and len(prompt) > 1]  # [positions, V] each
-    measured = sum(len(p) for p, _ in laws) >= 4
-    p, q = (np.concatenate(side) for side in zip(*laws)) if measured else (None, None)
+    p, q = prompt_laws(draft, target, prompts, ranked, sampling)
+    measured = p is not None
     if args.children == "dynamic":  # grown each call (dynamic.py) as deep as theory's tree of top children,
         law = theory.rank_law("top", p, q, args.tree) if measured else theory.rank_acceptance(TREE_ALPHA, args.tree)
         budget = grown(args.tree, Shape(theory.optimal_tree(args.tree, law)).D)
@@ -66,13 +77,26 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
 
 
 def make_policy(args, draft, target, prompts):
-    """The adaptive.Policy the flags ask for: --K auto times this machine's iterations (costs.py);
+    """The adaptive.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
+    them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position counts as
+    a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
+    then stop before its first call);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
         sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
-        return auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), streamed=True)
+        policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
+        return prompt_prior(policy, draft, target, prompts, sampling)
     return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
+
+
+def prompt_prior(policy: adaptive.Policy, draft, target, prompts, sampling: Sampling) -> adaptive.Policy:
+    """The policy with a row's share of the beta at every prompt position as its prior evidence."""
+    p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1)
+    if p is None:
+        return policy
+    beta = np.minimum(p, q).sum(-1)  # [positions]: each prompt token's chance, had the draft proposed it
+    return dataclasses.replace(policy, prior=jnp.float32([beta.sum(), (1 - beta).sum()]) / len(prompts))
 
 
 def k_used(steps) -> dict:
