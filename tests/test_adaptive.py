@@ -2,6 +2,8 @@
 every verifier exact (enumerated on a 4-token vocabulary, sampled through the loop), and its choice
 of k is the theory module's."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -290,6 +292,7 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
     assert not np.asarray(trace.k[:int(trace.n_steps)]).any()  # never drafted
     np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, prompt, 20, jax.random.key(0),
                                                                       temperature=0))
+    no_prior = dataclasses.replace(doubtful, prior=jnp.zeros(2, jnp.float32))  # the same program, as data
     _, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
-                                           policy=policy)
+                                           policy=no_prior)
     assert np.asarray(trace.k[:2]).all()  # the control: without the prior it drafts first
