@@ -140,7 +140,8 @@ def test_the_estimate_covers_what_the_compiled_batch_allocates():
     assert need <= estimate <= 2 * need, (need, estimate)
 
 
-@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=pytest.mark.slow), pytest.param(1.0, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the n-gram law (test_ngram) and batch rows with a model draft stay in the fast suite
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_ngram_draft_batches_too(temperature):
     rows = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5], [7]]  # repeats to look up, and nothing to look up
     keys = jax.random.split(jax.random.key(0), len(rows))
