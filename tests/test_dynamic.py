@@ -133,7 +133,8 @@ def test_the_loop_with_a_dynamic_tree_follows_the_target_joint_law():
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's law
 
 
-@pytest.mark.parametrize("budget", [Grown(5, 2, 2), Grown(2, 2, 3), Grown(4, 0, 4), Grown(4, 9999, 2)])
+@pytest.mark.parametrize("budget", [Grown(5, 2, 2), Grown(2, 2, 3), Grown(4, 0, 4), Grown(4, 9999, 2),
+                                    Grown(4, 2, 3, (0.5, 1.5))])  # a calibration past 1
 def test_a_budget_that_cannot_be_grown_is_refused(budget):
     with pytest.raises(PicospecError, match="dynamic tree"):
         picospec.speculative_sample(DRAFT, TARGET, [1, 4], 8, jax.random.key(0), tree=budget)

@@ -135,7 +135,8 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
     if isinstance(shape, Grown):
         if not all(whole(x) and x >= 1 for x in shape[:3]) or not shape.D <= shape.M <= shape.W * shape.D:
             raise PicospecError(f"a dynamic tree needs whole numbers with D <= M <= W D, got {shape}")
-        if shape.calibration is not None and not (len(shape.calibration) and all(0 <= a <= 1 for a in shape.calibration)):
+        table = shape.calibration
+        if table is not None and not (len(table) and all(0 <= a <= 1 for a in table)):
             raise PicospecError("a dynamic tree's calibration is a(c) at equal bins of c: numbers in [0, 1]")
         if shape.W > target.config.vocab_size:
             raise PicospecError(f"a dynamic tree's width W = {shape.W} exceeds the vocabulary; use a narrower one")

@@ -17,8 +17,8 @@ block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's 
 
 The CLI streams (stream.py): it calls the iteration once per iteration and reads its report, where
 speculative_sample runs every iteration inside one call. `streamed` costs add what that does to each
-iteration, the same for every k (`per_call`: ~0.4 ms on the bundled pair, a tenth of an iteration
-drafting 6); left out, they undercount the fixed part of every iteration and auto drafts too little.
+iteration, the same for every k (~0.5 ms on the bundled pair, a tenth of an iteration drafting 6);
+left out, they undercount the fixed part of every iteration and auto drafts too little.
 """
 
 import dataclasses
