@@ -57,7 +57,7 @@ def test_greedy_with_ngram_draft_equals_target_alone(K):
     rng = np.random.default_rng(K)
     proposed = 0
     for _ in range(8):
-        prompt = list(rng.integers(0, 4, rng.integers(2, 30)))  # a small alphabet: many repeats
+        prompt = list(rng.integers(0, 4, rng.choice([2, 29])))  # a small alphabet: many repeats; two lengths, two compiles
         key = jax.random.key(int(rng.integers(1 << 30)))
         spec, trace = picospec.speculative_sample(NGramDraft(3), target, prompt, 40, key, K=K, temperature=0)
         np.testing.assert_array_equal(spec, picospec.autoregressive_sample(target, prompt, 40, key, temperature=0))
