@@ -38,8 +38,8 @@ from picospec.state import Proposal, Trace, Verdict
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior",
-                                                         "horizon"], meta_fields=["auto"])
+@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior"],
+         meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
     # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/cli/costs.py
@@ -51,8 +51,6 @@ class Policy:
     auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
     prior: jax.Array | tuple = (0.0, 0.0)  # (successes, failures) before any iteration: one row's share of
     # the beta measured on the prompts (tools/cli/options.py), or none
-    horizon: jax.Array | float = float("inf")  # tokens each row generates (the CLI: --n-tokens): a batch weighs
-    # its slowest row (choose_k); inf: unknown, each row weighed by its mean alone
 
 
 def fixed(K: int, threshold: float = 0.0) -> Policy:
@@ -77,35 +75,22 @@ def alpha_estimate(trace: Trace):
     return (successes + 1.0) / (successes + failures + 2.0)
 
 
-def choose_k(policy: Policy, successes, failures, left=float("inf"), pool=own, furthest=own):
-    """The k in 0..K with the least expected time per token (Leviathan et al. Theorem 3.8 with
-    measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1, failures + 1),
-    where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i). With much
-    evidence this is theory.optimal_K at alpha = successes / (successes + failures).
+def choose_k(policy: Policy, successes, failures, pool=own):
+    """The k in 0..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
+    with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
+    failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
+    With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
     k = 0 only once the evidence allows it (may_stop): nothing is judged after it, so the evidence,
-    and with it the choice, stays.
-    With a horizon it weighs the time to finish, not the rate alone. An iteration gives a row t
-    tokens (t - 1 accepted drafts), mean mu(k), E[t^2] = m2(k), variance s2 = m2 - mu^2. R tokens left
-    take a row R / mu + (m2 - mu) / (2 mu^2) calls on average (renewal theory: the last call
-    overshoots, and the longer the draft the more). A batch (pool: the sum over the rows stepped
-    together, furthest: their max) chooses one k for all its rows and runs until the slowest has its
-    tokens: about z_B sqrt(R s2 / mu^3) calls more, z_B the mean of the largest of B standard normals.
-    Divided by R, the time per token left: cost(k) (1/mu + (m2 - mu) / (2 R mu^2) + z_B sqrt(s2 / (R mu^3))),
-    which with no horizon (R = inf) is cost(k) / mu."""
+    and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
+    their k is the one with the most tokens per unit of time for them all, and their drafts judged
+    count together."""
     K = policy.v.shape[0] - 1
-    j = jnp.arange(K + 1)  # [K+1]
-    moments = jnp.cumprod(jnp.where(j > 0, (successes + j) / (successes + failures + 1.0 + j), 1.0))  # E[alpha^j]
-    going = (jnp.asarray(left) > 0).astype(jnp.float32)  # this row still wants tokens
-    going = jnp.where(pool(going) > 0, going, 1.0)  # (all finished: weigh them all, the choice is moot)
-    rows = pool(going)  # B: the rows still going
-    mu = pool(going * jnp.cumsum(moments)) / rows  # [K+1] E[t] = sum_{j<=k} E[alpha^j], over the rows
-    m2 = pool(going * jnp.cumsum((2 * j + 1) * moments)) / rows  # [K+1] E[t^2] = sum_{j<=k} (2j + 1) E[alpha^j]
-    z = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (rows - 0.375) / (rows + 0.25) - 1)  # Blom's z_B; 0 for one row
-    R = jnp.maximum(furthest(left), 1.0)  # the tokens left in the row furthest from its end
-    calls = 1 / mu + (m2 - mu) / (2 * R * mu ** 2) + z * jnp.sqrt(jnp.maximum(m2 - mu ** 2, 0) / (R * mu ** 3))
-    time = (j * policy.c + policy.v) * calls  # [K+1] per token left
-    time = time.at[0].set(jnp.where(may_stop(policy, pool(successes), pool(failures)), time[0], jnp.inf))
-    return jnp.argmin(time).astype(jnp.int32)
+    j = jnp.arange(1, K + 1)  # [K]
+    moments = jnp.cumprod((successes + j) / (successes + failures + 1.0 + j))  # [K] E[alpha^j]
+    tokens = jnp.concatenate([jnp.ones(1), 1 + jnp.cumsum(moments)])  # [K+1] E[tokens per call], k = 0..K
+    rate = tokens / (jnp.arange(K + 1) * policy.c + policy.v)  # [K+1]
+    rate = rate.at[0].set(jnp.where(may_stop(policy, pool(successes), pool(failures)), rate[0], -jnp.inf))
+    return jnp.argmax(pool(rate)).astype(jnp.int32)
 
 
 def may_stop(policy: Policy, successes, failures):
@@ -134,24 +119,19 @@ class AdaptiveDraft:
         successes, failures = evidence(state.trace)
         return successes + self.policy.prior[0], failures + self.policy.prior[1]
 
-    def choose(self, state):  # choose_k for this row (and, in a batch, the rows stepped with it)
-        generated = jnp.sum(jnp.where(jnp.arange(state.trace.k.shape[0]) < state.trace.n_steps,
-                                      state.trace.n_accepted + 1, 0))
-        return choose_k(self.policy, *self.evidence(state), self.policy.horizon - generated, self.pool, self.agree)
-
     @property
     def may_stop(self) -> bool:  # a policy that weighs k = 0 may choose it, for good
         return self.policy.auto
 
     def stopped(self, state):  # bool []: theory chose k = 0, final since nothing more is judged
-        return self.choose(state) == 0
+        return choose_k(self.policy, *self.evidence(state), self.pool) == 0
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
         return self.draft.prefill(tokens, n, prefill_len, max_len)
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""
-        k = self.choose(state) if self.policy.auto else jnp.int32(K)
+        k = choose_k(self.policy, *self.evidence(state), self.pool) if self.policy.auto else jnp.int32(K)
         if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
             return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
                                  self.policy.threshold, sampling, self.agree)

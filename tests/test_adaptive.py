@@ -209,50 +209,6 @@ def test_choose_k_takes_the_expectation_over_alpha_posterior():
     assert plug_in_differs
 
 
-V_B4 = np.array([1.96, 3.99, 5.15, 5.71, 7.93, 8.36, 8.61, 9.16])  # ms per iteration drafting k, B = 4, measured
-
-
-def tokens_law(alpha, k):  # P(t = 1..k+1): t - 1 drafts accepted, a leading run
-    return np.array([alpha**j * (1 - alpha) for j in range(k)] + [alpha**k])
-
-
-def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowest_row():
-    """One row: the exact expected calls to finish R tokens, E[R] = 1 + sum_t P(t) E[R - t] (E[<= 0] = 0),
-    times v(k); a batch of 4: the calls until its last row is done, simulated. choose_k's k is within 2%
-    of the best in both (one row: every R >= 7; the last call or two it may miss by more); the rate
-    alone (no horizon) drafts 7, which loses 9% with 8 tokens left and 8% for a batch of 4."""
-    from picospec.batch import ROWS, furthest, together
-    policy = adaptive.Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0))  # never k = 0
-    for alpha in (0.75, 0.89):
-        s, f = jnp.float32(alpha * 1e6), jnp.float32((1 - alpha) * 1e6)  # much evidence: alpha itself
-        E = np.zeros((8, 65))  # [k, R]
-        for k in range(1, 8):
-            P = tokens_law(alpha, k)
-            for R in range(1, 65):
-                E[k, R] = 1 + sum(P[t] * E[k, max(R - t - 1, 0)] for t in range(k + 1))
-        times = V_B4[1:, None] * E[1:]  # [k - 1, R]
-        for R in range(7, 65):
-            k = int(adaptive.choose_k(policy, s, f, jnp.float32(R)))
-            assert times[k - 1, R] <= 1.02 * times[:, R].min(), (alpha, R, k)
-    assert int(adaptive.choose_k(policy, s, f)) == 7 and times[6, 8] > 1.08 * times[:, 8].min()  # the control
-
-    rng, B, R = np.random.default_rng(0), 4, 64
-    batch_time = []
-    for k in range(1, 8):
-        done, calls = np.zeros((4000, B)), np.zeros(4000)
-        while (done < R).any():
-            going = (done < R).any(axis=1)
-            calls += going
-            done += going[:, None] * (1 + rng.choice(k + 1, size=done.shape, p=tokens_law(0.89, k)))
-        batch_time.append(V_B4[k] * calls.mean())
-    batch_time = np.array(batch_time)  # [k - 1]
-    s, f = jnp.float32(0.89e6 / B), jnp.float32(0.11e6 / B)  # each row's share
-    ks = jax.vmap(lambda left: adaptive.choose_k(policy, s, f, left, together, furthest), axis_name=ROWS)(
-        jnp.full(B, jnp.float32(R)))
-    assert len(set(ks.tolist())) == 1 and batch_time[int(ks[0]) - 1] <= 1.02 * batch_time.min()
-    assert batch_time[6] > 1.05 * batch_time.min()  # the rate alone's k = 7
-
-
 @pytest.mark.slow
 def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
     """Rows that stop on their own confidence; `--K auto`'s rows choose k together instead (test above)."""
