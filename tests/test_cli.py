@@ -60,7 +60,7 @@ def test_json_run_adds_up(capsys, mode):
 @pytest.mark.parametrize("flags", [["--K", "auto", "--confidence", "0.3"],
                                    pytest.param(["--K", "3", "--drafts", "2"], marks=pytest.mark.slow)])
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
-    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes beside it
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes in it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
     asked = []
     timed = lambda *args: asked.append(args) or [2.0, 1.0, 1.2, 1.4]  # noqa: E731  test_costs_are_timed_once times it
@@ -78,7 +78,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
         assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"] <= 3
         assert s["bonus"] == (s["accepted"] == s["k"])
     if "auto" in flags:
-        (measured,) = json.loads((tmp_path / "costs.json").read_text()).values()
+        (measured,) = json.loads((tmp_path / "jit" / "costs.json").read_text()).values()
         assert measured == [2.0, 1.0, 1.2, 1.4]  # kept beside the compile cache
         assert [args[-1] for args in asked] == [True]  # timed as the stream runs an iteration (streamed)
 
@@ -92,11 +92,11 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     assert len(seconds) == 4 and all(t > 0 for t in seconds)  # seconds per iteration drafting k = 0, 1, 2, 3
     monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
     assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
-    assert json.loads((tmp_path / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
+    assert json.loads((tmp_path / "jit" / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
     monkeypatch.undo()
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
     streamed = costs.costs(draft, target, 3, 64, Sampling(0.8), streamed=True)  # its own entry, timed afresh
-    assert len(streamed) == 4 and all(t > 0 for t in streamed) and len(json.loads((tmp_path / "costs.json").read_text())) == 2
+    assert len(streamed) == 4 and all(t > 0 for t in streamed) and len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
 
 
 def test_warming_up_runs_every_block_size_auto_may_score():

@@ -14,7 +14,7 @@ RUN = [*PAIR, "--prompt", "To be", "--n-tokens", "10", "--K", "3", "--json"]
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
-    return tmp_path / "programs"
+    return tmp_path / "jit" / "programs"
 
 
 def files(folder):

@@ -2,7 +2,7 @@
 drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch of B rows.
 
 They depend on the machine, the pair, the batch size and how tokens are sampled, not on the prompt,
-so they are timed once, at start-up, and kept in costs.json beside the compile cache (jit_cache.py),
+so they are timed once, at start-up, and kept in costs.json in the compile cache's folder (jit_cache.py),
 keyed by the device, both models' shapes and dtypes, K_max, the cache capacity, B, the sampling
 mode and picospec's source (an edit may change what an iteration costs). Deleting the file only costs
 the timing again. A batch makes the target's call compute-bound
@@ -146,7 +146,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
            f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
     folder = cache_folder()
-    path = folder.parent / "costs.json" if folder else None
+    path = folder / "costs.json" if folder else None
     try:
         known = json.loads(path.read_text()) if path and path.exists() else {}
     except (OSError, ValueError):

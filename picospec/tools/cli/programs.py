@@ -10,7 +10,7 @@ the donated arguments, picospec's own source files, the jax and jaxlib versions 
 run that finds the file deserializes it and compiles it, which the persistent cache answers: no tracing.
 
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
-is rebuilt with a one-line note. The files live in programs/ beside the compile cache (a few hundred
+is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
 KB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
 """
 
@@ -114,7 +114,7 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     """fn(*args, **static) compiled: from the exported program an earlier run saved, or traced,
     exported and saved now. donate: the positions of arguments whose buffers it may reuse."""
     folder = cache_folder()
-    path = folder.parent / "programs" / f"{digest(fn, args, static, donate)}.jaxexport" if folder else None
+    path = folder / "programs" / f"{digest(fn, args, static, donate)}.jaxexport" if folder else None
     program = None
     if path and path.exists():
         try:
