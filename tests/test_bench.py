@@ -18,6 +18,7 @@ from picospec.tools.bench.timing import forward_times, iteration_calls
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 
 
+@pytest.mark.slow  # the fast suite's time: the full variant below runs every part, with -m slow
 def test_benchmark_runs_on_tiny_models_and_writes_its_report(tmp_path, capsys, monkeypatch):
     """One dtype, no start-up or batch rows, one short timed round each: the slow variant below runs
     every part with the real rounds."""
