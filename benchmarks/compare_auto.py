@@ -13,8 +13,8 @@ text is luck); without, all three use the CLI's default seed.
 Each CLI speedup is a ratio of two timings in one process, and the race divides two of them from
 different processes: on a shared machine a prompt's figure moves by up to 0.2 between runs. With
 --in-process the contenders generate the same texts (seeds 0, 1, 2) with `speculative_sample` in one
-process, round after round, each (prompt, contender) keeping its fastest round, auto with the CLI's
-policy (this machine's costs for one call a text, the prompt's prior).
+process, in turn, round after round (costs.race_laps), each (prompt, contender) keeping its fastest
+round; auto with the CLI's policy (this machine's costs for one call a text, the prompt's prior).
 """
 
 import argparse
@@ -23,8 +23,15 @@ import statistics
 import subprocess
 import sys
 
+import jax
+
+import picospec
+from picospec.autoregressive import buffers
+from picospec.sampling import Sampling
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
+from picospec.tools.cli.costs import auto_policy, race_laps
+from picospec.tools.cli.options import AUTO_K_MAX, prompt_prior
 
 
 def speedup(prompt: str, K: str, T: str, seed: int) -> float:
@@ -65,17 +72,6 @@ def main(argv=None):
 
 def in_process(prompts: list[str], K: int, T: float, rounds: int) -> list[float]:
     """auto / fixed K tokens per second for each prompt, both raced in this process over seeds 0, 1, 2."""
-    import time
-
-    import jax
-    import numpy as np
-
-    import picospec
-    from picospec.autoregressive import buffers
-    from picospec.sampling import Sampling
-    from picospec.tools.cli.costs import auto_policy
-    from picospec.tools.cli.options import AUTO_K_MAX, prompt_prior
-
     draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
     tokenizer, sampling = picospec.load_tokenizer("tiny-target"), Sampling(T)
     ratios = []
@@ -88,16 +84,8 @@ def in_process(prompts: list[str], K: int, T: float, rounds: int) -> list[float]
         def run(**kw):
             return lambda: jax.block_until_ready([picospec.speculative_sample(
                 draft, target, prompt, 200, jax.random.key(seed), temperature=T, **kw) for seed in range(3)])
-        contenders = {"fixed": run(K=K), "auto": run(K=AUTO_K_MAX, policy=policy)}
-        for fn in contenders.values():
-            fn()  # the first call compiles
-        best = dict.fromkeys(contenders, np.inf)
-        for r in range(rounds):
-            for name in np.random.default_rng(r).permutation(list(contenders)):
-                t0 = time.perf_counter()
-                contenders[name]()
-                best[name] = min(best[name], time.perf_counter() - t0)
-        ratios.append(best["fixed"] / best["auto"])
+        laps, _ = race_laps(rounds, fixed=run(K=K), auto=run(K=AUTO_K_MAX, policy=policy))  # the first call compiles
+        ratios.append(min(lap["fixed"] for lap in laps) / min(lap["auto"] for lap in laps))
     return ratios
 
 

@@ -44,9 +44,11 @@ def prompt_laws(draft, target, prompts, p_sampling: Sampling, q_sampling: Sampli
     """(p, q) [positions, V]: the draft's and the target's laws at every position of the prompts (one
     forward call of each model a prompt), what the CLI measures acceptance from before it generates;
     (None, None) with fewer than `least` positions, or a draft that is not a model."""
+    if not isinstance(draft, Model):
+        return None, None
     laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, p_sampling),
                                                                                       (target, q_sampling))]
-            for prompt in prompts if isinstance(draft, Model)]
+            for prompt in prompts]
     if sum(len(p) for p, _ in laws) < least:
         return None, None
     return tuple(np.concatenate(side) for side in zip(*laws))
