@@ -127,7 +127,13 @@ class AdaptiveDraft:
         return choose_k(self.policy, *self.evidence(state), self.pool) == 0
 
     def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
-        return self.draft.prefill(tokens, n, prefill_len, max_len)
+        """The draft's prefill, skipped when the prior alone already chooses k = 0: the draft never runs,
+        and its cache stays empty (a batch decides this together, as it chooses every k)."""
+        prefill = partial(self.draft.prefill, tokens, n, prefill_len, max_len)
+        if not self.policy.auto:
+            return prefill()
+        empty = lambda: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(prefill))  # noqa: E731
+        return jax.lax.cond(choose_k(self.policy, *self.policy.prior, self.pool) == 0, empty, prefill)
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""

@@ -296,3 +296,34 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
     _, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
                                            policy=no_prior)
     assert np.asarray(trace.k[:2]).all()  # the control: without the prior it drafts first
+
+
+def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_together():
+    """Its cache stays empty exactly when the loop will not draft (batch_drafting false at the start).
+    Prior (3, 17) a row: alone, 20 judged drafts, alpha ~ 0.18 could still pay 2 sd up, so it drafts;
+    four rows pool 80, past evidence_to_stop, and at alpha ~ 0.16 k = 0 wins. The control: deciding
+    row by row, as the start did before, would prefill drafts the batch never runs."""
+    from picospec.batch import ROWS, batch_buffers, batch_drafting, in_batch
+    from picospec.speculative import ModelDraft, start
+    from picospec.tools.cli.stream import speculative_start
+    v, K = jnp.float32([1.0, 1.2, 1.4, 1.6]), 3
+    policy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
+    draft = adaptive.AdaptiveDraft(ModelDraft(DRAFT), policy)
+    prefilled = lambda state: bool(jnp.any(state.draft_cache.k[0] != 0))  # noqa: E731
+    tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 4], [3, 3, 0], [2], [5, 1]], 8, K, TARGET.config)
+    keys = jax.random.split(jax.random.key(0), 4)
+
+    def starts(row_draft, axis_name=None):
+        row = lambda x, n, key: start(row_draft, TARGET, x, n, key, K, prefill_len, max_len)  # noqa: E731
+        return jax.vmap(row, axis_name=axis_name)(tokens, n_prompt, keys)
+    alone = start(draft, TARGET, tokens[0], n_prompt[0], keys[0], K, prefill_len, max_len)
+    assert prefilled(alone) and bool(adaptive.choose_k(policy, *policy.prior) > 0)  # one row drafts
+    for state in [starts(in_batch(draft), ROWS), speculative_start(draft, TARGET, tokens, n_prompt, keys, K,
+                                                                    prefill_len, max_len)]:
+        assert not prefilled(state) and not bool(batch_drafting(in_batch(draft), state))
+    assert prefilled(starts(draft))  # the control: each row on its own prior would prefill
+    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, [[1, 4], [3, 3, 0], [2], [5, 1]], 8, keys, K=K,
+                                                   temperature=0, policy=policy)
+    assert not np.asarray(trace.k).any()  # the batch never drafted
+    np.testing.assert_array_equal(out, picospec.autoregressive_sample_batch(TARGET, [[1, 4], [3, 3, 0], [2], [5, 1]],
+                                                                            8, keys, temperature=0))

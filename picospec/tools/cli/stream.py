@@ -20,7 +20,7 @@ import numpy as np
 
 from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step
-from picospec.batch import batch_buffers, batch_drafting, batch_step, in_batch, unfinished
+from picospec.batch import ROWS, batch_buffers, batch_drafting, batch_step, in_batch, unfinished
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.speculative import start, target_alone
@@ -82,8 +82,9 @@ def compile_now(fn, *args, donate=(), B=1, **static):
 
 
 def speculative_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
-    """Every row's state before its first iteration (speculative.start, vmapped)."""
-    return jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len))(tokens, n_prompt, keys)
+    """Every row's state before its first iteration (speculative.start, vmapped; the rows decide together)."""
+    row = lambda x, n, key: start(in_batch(draft), target, x, n, key, K, prefill_len, max_len)  # noqa: E731
+    return jax.vmap(row, axis_name=ROWS)(tokens, n_prompt, keys)
 
 
 def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
