@@ -7,15 +7,15 @@ tokens per target call and tokens/s on the bundled pair, beside theory, and v(M)
 Contenders for a budget M (each scores M + 1 positions: the newest token and M drafted nodes):
   chain        K = M drafts in one chain (speculative.py);
   2 branches   two chains of M / 2 from the root, as one tree (tree.branches);
-  tree iid     theory.optimal_tree for M under the rank law of iid children measured on the prompts
-               (theory.rank_law, as --tree does), children drawn independently;
+  tree iid     tree_theory.optimal_tree for M under the rank law of iid children measured on the prompts
+               (tree_theory.rank_law, as --tree does), children drawn independently;
   tree distinct  the same for children drawn without replacement;
   tree top     the same for children the draft's most probable tokens;
   dynamic      EAGLE-2's tree, grown each call where the draft is confident (dynamic.grown(M));
   dynamic calibrated  as --tree M --children dynamic grows it: as deep as theory's tree of top children
                under their rank law on the prompts, its confidence calibrated there (dynamic.calibration).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
-shape under that rank law (theory.tree_tokens_per_call). Tokens/s: the
+shape under that rank law (tree_theory.tree_tokens_per_call). Tokens/s: the
 compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
 of --rounds.
 """
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import picospec
-from picospec import Sampling, theory
+from picospec import Sampling, theory, tree_theory
 from picospec.dynamic import Grown, calibration, grown
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import logits_to_probs
@@ -48,8 +48,8 @@ PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, s
 
 def contenders(M: int, laws, p_plain, q) -> dict:  # laws: the rank law of each way to choose children
     found = {"chain": dict(K=M), "2 branches": dict(tree=branches(2, M // 2))}
-    deep = grown(M, Shape(theory.optimal_tree(M, laws["top"])).D)  # as deep as theory's tree of top children
-    return found | {f"tree {c}": dict(tree=Shape(theory.optimal_tree(M, laws[c])), children=c) for c in laws} \
+    deep = grown(M, Shape(tree_theory.optimal_tree(M, laws["top"])).D)  # as deep as theory's tree of top children
+    return found | {f"tree {c}": dict(tree=Shape(tree_theory.optimal_tree(M, laws[c])), children=c) for c in laws} \
         | {"dynamic": dict(tree=grown(M)),
            "dynamic calibrated": dict(tree=deep._replace(calibration=calibration(p_plain, q, deep.W)))}
 
@@ -95,7 +95,7 @@ def main(argv=None):
                 kept_all += [kept[b, :n[b]] for b in range(args.runs)]
             return calls, theory.alpha_from_trace(np.concatenate(kept_all), M)
         chain_calls, alpha = tokens_per_call(dict(K=M))
-        laws = {c: theory.rank_law(c, p_plain if c == "top" else p, q, M) for c in ("iid", "distinct", "top")}
+        laws = {c: tree_theory.rank_law(c, p_plain if c == "top" else p, q, M) for c in ("iid", "distinct", "top")}
         race = {name: kw for name, kw in contenders(M, laws, p_plain, q).items()
                 if not args.only or name in args.only.split(",") or name == "chain"}
         per_call = {"chain": chain_calls} | {name: tokens_per_call(kw)[0] for name, kw in race.items()
@@ -114,8 +114,8 @@ def main(argv=None):
             if isinstance(parents, Grown):  # grown each call: no one shape to predict for
                 predicted, spelled = float("nan"), str(tuple(parents[:3]))  # (M, W, D)
             else:
-                edges = theory.rank_edges(parents, laws[kw.get("children", "iid")])
-                predicted = theory.tree_tokens_per_call(parents, edges)
+                edges = tree_theory.rank_edges(parents, laws[kw.get("children", "iid")])
+                predicted = tree_theory.tree_tokens_per_call(parents, edges)
                 spelled = "chain" if parents == tuple(range(M)) else str(list(parents))
             print(f"| {M} | {name} | {spelled} | {np.mean(per_call[name]):.2f} ± "
                   f"{np.std(per_call[name]) / np.sqrt(len(per_call[name])):.2f} | {predicted:.2f} (alpha {alpha:.2f}) "
@@ -142,8 +142,9 @@ def tree_call_costs(alpha=0.8, capacity=256):
     filled = jnp.zeros(32, jnp.int32)
     cache = forward(big, filled, init_cache(big.config, capacity, big.params["wte"]["weight"].dtype))[1]
     budgets, n = (4, 8, 16, 32), 8
+    shapes = {M: Shape(tree_theory.optimal_tree(M, tree_theory.rank_acceptance(alpha, M))) for M in budgets}
     trees = {f"tree {M}": partial(lambda shape: _tree_calls(big, shape, jnp.int32(n), cache).block_until_ready(),
-                                  Shape(theory.optimal_tree(M, theory.rank_acceptance(alpha, M)))) for M in budgets}
+                                  shapes[M]) for M in budgets}
     v = forward_times({f"chain {M}": (big, M + 1) for M in budgets} | {"1": (big, 1)}, capacity=capacity,
                       others=trees)
     v |= {name: v[name] / n for name in trees}

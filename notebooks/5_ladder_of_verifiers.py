@@ -223,13 +223,14 @@ print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, fro
 # red, the ones never tried in grey.
 
 # %%
+from picospec import tree_theory  # noqa: E402
 from picospec.autoregressive import buffers  # noqa: E402
 from picospec.sampling import Sampling, logits_to_probs  # noqa: E402
 from picospec.speculative import ModelDraft, start  # noqa: E402
 from picospec.tree import Shape, TreeDraft, feed  # noqa: E402
 from picospec.tree_verify import verify_tree  # noqa: E402
 
-shape, sampling = Shape(theory.optimal_tree(8, theory.rank_acceptance(0.6, 8))), Sampling(0.8)
+shape, sampling = Shape(tree_theory.optimal_tree(8, tree_theory.rank_acceptance(0.6, 8))), Sampling(0.8)
 tree_draft = TreeDraft(ModelDraft(draft), shape, "iid")
 tokens_buffer, prefill_len, max_len = buffers(prompt, 16, shape.M, target.config)
 state = start(tree_draft, target, jnp.asarray(tokens_buffer), len(prompt), jax.random.key(5), shape.M, prefill_len,
@@ -294,13 +295,13 @@ _, chain_trace = picospec.speculative_sample_batch(draft, target, [prompt] * run
 n_chain = np.asarray(chain_trace.n_steps)
 kept_chain = np.concatenate([np.asarray(chain_trace.n_accepted[b, :n_chain[b]]) for b in range(runs)])
 alpha_chain = theory.alpha_from_trace(kept_chain, 8)
-best = Shape(theory.optimal_tree(8, theory.rank_acceptance(alpha_chain, 8)))
+best = Shape(tree_theory.optimal_tree(8, tree_theory.rank_acceptance(alpha_chain, 8)))
 for name, kw in {"chain of 8": dict(K=8), "2 chains of 4": dict(tree=branches(2, 4)),
                  "theory's tree": dict(tree=best)}.items():
     _, tr = picospec.speculative_sample_batch(draft, target, [prompt] * runs, 64, keys_tree, temperature=0.8, **kw)
     n = np.asarray(tr.n_steps)
     measured = np.mean([(np.asarray(tr.n_accepted[b, :n[b]]) + 1).mean() for b in range(runs)])
     parents_of = kw["tree"].parents if "tree" in kw else tuple(range(8))
-    predicted = theory.tree_tokens_per_call(parents_of, theory.rank_edges(parents_of,
-                                                                          theory.rank_acceptance(alpha_chain, 8)))
+    edges = tree_theory.rank_edges(parents_of, tree_theory.rank_acceptance(alpha_chain, 8))
+    predicted = tree_theory.tree_tokens_per_call(parents_of, edges)
     print(f"{name:14s} parents {list(parents_of)}: measured {measured:.2f} tokens per call, theory {predicted:.2f}")

@@ -15,7 +15,7 @@ from test_speculative import DRAFT, TARGET, speculative_triples, target_law
 from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
-from picospec import PicospecError, Sampling, speculative, theory
+from picospec import PicospecError, Sampling, speculative, theory, tree_theory
 from picospec.dynamic import grown
 from picospec.speculative import ModelDraft
 from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain
@@ -177,22 +177,22 @@ def test_greedy_is_the_targets_greedy_output_for_trees(children):
 
 
 def test_the_measured_rank_law_is_the_enumerated_acceptance_of_each_child():
-    """theory.rank_law: the chance the i-th child of a node is the one accepted, over every way the
+    """tree_theory.rank_law: the chance the i-th child of a node is the one accepted, over every way the
     children can be drawn, equals the enumeration for 3 children of one node (distinct: sampled orders,
     to 0.01). The control: the constant-alpha law overstates iid side children."""
     star, (P, Q) = Shape((0, 0, 0)), markov_tables(2)
     for children, tolerance in (("iid", 1e-12), ("top", 1e-12), ("distinct", 1e-2)):
-        law = theory.rank_law(children, P[0], Q[0], 3, draws=4000)
+        law = tree_theory.rank_law(children, P[0], Q[0], 3, draws=4000)
         assert abs(1 + law.sum() - tokens_per_call(star, children, 2)) < tolerance, children
     alpha = theory.alpha_exact(P[0], Q[0])
-    assert theory.rank_law("iid", P[0], Q[0], 3)[1] < theory.rank_acceptance(alpha, 3)[1] - 0.05
+    assert tree_theory.rank_law("iid", P[0], Q[0], 3)[1] < tree_theory.rank_acceptance(alpha, 3)[1] - 0.05
     one_hot = np.eye(4)[[1]]  # T = 0: p has one token, so no second distinct child can be drawn, or accepted
-    law = theory.rank_law("distinct", one_hot, Q[:1], 3)
+    law = tree_theory.rank_law("distinct", one_hot, Q[:1], 3)
     assert law[0] == pytest.approx(Q[0, 1]) and not law[1:].any()
 
 
 def test_theorys_tokens_per_call_of_a_tree_is_the_enumerated_one():
-    """theory.tree_tokens_per_call with each node's edge from theory.child_acceptance equals the mean
+    """tree_theory.tree_tokens_per_call with each node's edge from tree_theory.child_acceptance equals the mean
     length of the enumerated output block, for fixed trees of each kind of children."""
     shape, (P, Q) = SHAPES["uneven, depth 3"], markov_tables(2)
     for children in CHILDREN:
@@ -200,10 +200,10 @@ def test_theorys_tokens_per_call_of_a_tree_is_the_enumerated_one():
         edges = np.zeros(shape.M)
         for j in range(shape.M + 1):
             below = kids(shape, j)
-            edges[np.array(below, int) - 1] = theory.child_acceptance(children, P[tokens[j]], Q[tokens[j]],
+            edges[np.array(below, int) - 1] = tree_theory.child_acceptance(children, P[tokens[j]], Q[tokens[j]],
                                                                       [tokens[c] for c in below])
         enumerated = sum(prob * len(block) for block, prob in tree_law(shape, children, tokens, P, Q).items())
-        assert abs(theory.tree_tokens_per_call(shape.parents, edges) - enumerated) < 1e-12, children
+        assert abs(tree_theory.tree_tokens_per_call(shape.parents, edges) - enumerated) < 1e-12, children
 
 
 def all_trees(M):
@@ -218,17 +218,17 @@ def all_trees(M):
 
 @pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
 def test_the_optimal_tree_is_the_best_of_every_tree_searched_by_hand(alpha):
-    p = theory.rank_acceptance(alpha, 5)
+    p = tree_theory.rank_acceptance(alpha, 5)
     for M in range(1, 6):
-        best = max(theory.tree_tokens_per_call(t, theory.rank_edges(t, p)) for t in all_trees(M))
-        found = theory.optimal_tree(M, p)
+        best = max(tree_theory.tree_tokens_per_call(t, tree_theory.rank_edges(t, p)) for t in all_trees(M))
+        found = tree_theory.optimal_tree(M, p)
         assert len(found) == M and all(parent < j for j, parent in enumerate(found, 1))
-        assert abs(theory.tree_tokens_per_call(found, theory.rank_edges(found, p)) - best) < 1e-12, (alpha, M)
+        assert abs(tree_theory.tree_tokens_per_call(found, tree_theory.rank_edges(found, p)) - best) < 1e-12, (alpha, M)
     # A chain is the best tree when one guess is almost always right, and its count is the paper's.
-    chain_tokens = theory.tree_tokens_per_call(chain(4).parents, theory.rank_edges(chain(4).parents, p))
+    chain_tokens = tree_theory.tree_tokens_per_call(chain(4).parents, tree_theory.rank_edges(chain(4).parents, p))
     assert abs(chain_tokens - theory.expected_tokens_per_call(alpha, 4)) < 1e-12
     # The control: a chain is not optimal at a low alpha and a large budget.
-    wide = theory.optimal_tree(8, theory.rank_acceptance(0.3, 8))
+    wide = tree_theory.optimal_tree(8, tree_theory.rank_acceptance(0.3, 8))
     assert wide != chain(8).parents
 
 
@@ -274,13 +274,14 @@ def test_the_clis_tree_shape_comes_from_the_acceptance_measured_on_the_prompts()
     bushy = tree_shape(args, unrelated, target, prompts, Sampling(1.0))  # a draft that is often wrong
     assert bushy.M == 8 and max(bushy.parents.count(j) for j in bushy.parents) > 1
     fallback = tree_shape(args, unrelated, target, [[1, 5]], Sampling(1.0))  # too few positions to measure
-    assert fallback == Shape(theory.optimal_tree(8, theory.rank_acceptance(TREE_ALPHA, 8)))
+    assert fallback == Shape(tree_theory.optimal_tree(8, tree_theory.rank_acceptance(TREE_ALPHA, 8)))
     dynamic, greedy = Namespace(tree=8, children="dynamic"), Sampling(0.0)  # grown as deep as theory's tree
     budget = tree_shape(dynamic, target, target, prompts, greedy)  # alpha = 1: the best tree is a chain
     assert budget[:3] == grown(8, 8)[:3] and budget.calibration is not None  # ... and its confidence calibrated
-    law = theory.rank_law("top", *(np.asarray(picospec.sampling.logits_to_probs(picospec.logits(m, prompts[0]), how))
-                                   for m, how in ((unrelated, Sampling()), (target, greedy))), 8)
-    deep = Shape(theory.optimal_tree(8, law)).D
+    p, q = (np.asarray(picospec.sampling.logits_to_probs(picospec.logits(m, prompts[0]), how))
+            for m, how in ((unrelated, Sampling()), (target, greedy)))
+    law = tree_theory.rank_law("top", p, q, 8)
+    deep = Shape(tree_theory.optimal_tree(8, law)).D
     assert tree_shape(dynamic, unrelated, target, prompts, greedy)[:3] == grown(8, deep)[:3] and deep < 8
 
 

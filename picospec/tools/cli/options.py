@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec import adaptive, theory
+from picospec import adaptive, tree_theory
 from picospec.batch import batch_buffers
 from picospec.dynamic import Grown, calibration, grown
 from picospec.errors import PicospecError
@@ -58,8 +58,8 @@ TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts
 
 
 def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shape | Grown | None:
-    """--tree M: theory's best tree of M nodes (theory.optimal_tree) under the rank law measured at
-    start-up on the prompts themselves (theory.rank_law for the children asked for, from p and q at
+    """--tree M: theory's best tree of M nodes (tree_theory.optimal_tree) under the rank law measured at
+    start-up on the prompts themselves (tree_theory.rank_law for the children asked for, from p and q at
     each of their positions, one forward call of each model a prompt); without models, or with fewer
     than 4 positions, the constant-alpha law at TREE_ALPHA. --children dynamic: grown each call, as deep
     as that best tree of top children, its confidence calibrated on the same positions (dynamic.calibration)."""
@@ -70,12 +70,13 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     p, q = prompt_laws(draft, target, prompts, ranked, sampling)
     measured = p is not None
     if args.children == "dynamic":  # grown each call (dynamic.py) as deep as theory's tree of top children,
-        law = theory.rank_law("top", p, q, args.tree) if measured else theory.rank_acceptance(TREE_ALPHA, args.tree)
-        budget = grown(args.tree, Shape(theory.optimal_tree(args.tree, law)).D)
+        law = (tree_theory.rank_law("top", p, q, args.tree) if measured
+               else tree_theory.rank_acceptance(TREE_ALPHA, args.tree))
+        budget = grown(args.tree, Shape(tree_theory.optimal_tree(args.tree, law)).D)
         return budget._replace(calibration=calibration(p, q, budget.W)) if measured else budget  # and calibrated
     if not measured:
-        return Shape(theory.optimal_tree(args.tree, theory.rank_acceptance(TREE_ALPHA, args.tree)))
-    return Shape(theory.optimal_tree(args.tree, theory.rank_law(args.children, p, q, args.tree)))
+        return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_acceptance(TREE_ALPHA, args.tree)))
+    return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_law(args.children, p, q, args.tree)))
 
 
 def make_policy(args, draft, target, prompts):
