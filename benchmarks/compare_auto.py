@@ -18,6 +18,7 @@ round; auto with the CLI's policy (this machine's costs for one call a text, the
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -80,6 +81,7 @@ def in_process(prompts: list[str], K: int, T: float, rounds: int) -> list[float]
         capacity = buffers(prompt, 200, AUTO_K_MAX, target.config)[2]
         policy = prompt_prior(auto_policy(draft, target, AUTO_K_MAX, capacity, sampling), draft, target, [prompt],
                               sampling)
+        policy = dataclasses.replace(policy, horizon=200)  # as the CLI: each row's --n-tokens
 
         def run(**kw):
             return lambda: jax.block_until_ready([picospec.speculative_sample(

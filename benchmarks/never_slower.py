@@ -12,6 +12,7 @@ markdown row per (T, B) with tokens/s of autoregressive decoding, the best fixed
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,8 @@ def main(argv=None):
             key_sets = [jax.random.split(jax.random.key(seed), B) for seed in range(args.seeds if T > 0 else 1)]
             capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
             auto = prompt_prior(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), draft, target,
-                                prompts, Sampling(T))  # as the CLI: the prompts' beta as its prior
+                                prompts, Sampling(T))  # as the CLI: the prompts' beta as its prior,
+            auto = dataclasses.replace(auto, horizon=n)  # and the tokens each row generates
 
             def spec(**kw):
                 return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)

@@ -38,8 +38,8 @@ from picospec.state import Proposal, Trace, Verdict
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior"],
-         meta_fields=["auto"])
+@partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior",
+                                                         "horizon"], meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
     # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/cli/costs.py
@@ -51,6 +51,7 @@ class Policy:
     auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
     prior: jax.Array | tuple = (0.0, 0.0)  # (successes, failures) before any iteration: one row's share of
     # the beta measured on the prompts (tools/cli/options.py), or none
+    horizon: jax.Array | float = float("inf")  # float32 []: the tokens each row generates (choose_k), or unknown
 
 
 def fixed(K: int, threshold: float = 0.0) -> Policy:
@@ -83,26 +84,37 @@ def choose_k(policy: Policy, successes, failures, pool=own):
     k = 0 only once the evidence allows it (may_stop): nothing is judged after it, so the evidence,
     and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
     their k is the one with the most tokens per unit of time for them all, and their drafts judged
-    count together."""
+    count together.
+    With a horizon of R tokens a row, it weighs the time to finish them rather than the rate alone. A
+    call gives a row t tokens, E[t] = mu = sum_{j<=k} E[alpha^j] and E[t^2] = m2 = sum_{j<=k} (2j + 1) E[alpha^j];
+    R tokens take about R / mu calls, (m2 - mu) / (2 mu^2) more for the last one's overshoot (renewal
+    theory), and a batch of B rows runs until its slowest row is done: z_B sqrt(R (m2 - mu^2) / mu^3)
+    more, z_B the mean of the largest of B standard normals. The longer the draft, the wider t spreads."""
     K = policy.v.shape[0] - 1
-    j = jnp.arange(1, K + 1)  # [K]
-    moments = jnp.cumprod((successes + j) / (successes + failures + 1.0 + j))  # [K] E[alpha^j]
-    tokens = jnp.concatenate([jnp.ones(1), 1 + jnp.cumsum(moments)])  # [K+1] E[tokens per call], k = 0..K
-    rate = tokens / (jnp.arange(K + 1) * policy.c + policy.v)  # [K+1]
-    rate = rate.at[0].set(jnp.where(may_stop(policy, pool(successes), pool(failures)), rate[0], -jnp.inf))
+    j = jnp.arange(K + 1)  # [K+1]
+    moments = jnp.cumprod(jnp.where(j > 0, (successes + j) / (successes + failures + 1.0 + j), 1.0))  # E[alpha^j]
+    mu, m2 = jnp.cumsum(moments), jnp.cumsum((2 * j + 1) * moments)  # [K+1] E[t], E[t^2], k = 0..K
+    B, R = pool(1.0), policy.horizon
+    z_B = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (B - 0.375) / (B + 0.25) - 1)  # Blom's; 0 for one row
+    slower = 1 + (m2 - mu) / (2 * R * mu) + z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # [K+1]; 1: R = inf
+    rate = mu / ((j * policy.c + policy.v) * slower)  # [K+1] tokens per unit of time, to the end
+    allowed = may_stop(policy, pool(successes), pool(failures), pool(policy.prior[0] + policy.prior[1]))
+    rate = rate.at[0].set(jnp.where(allowed, rate[0], -jnp.inf))
     return jnp.argmax(pool(rate)).astype(jnp.int32)
 
 
-def may_stop(policy: Policy, successes, failures):
-    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop judged drafts,
-    or fewer once even an optimistic alpha, the posterior mean plus two standard deviations, would make
-    no k >= 1 pay: a draft the target almost never agrees with stops after a few rejections."""
+def may_stop(policy: Policy, successes, failures, prior=0.0):
+    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop drafts judged
+    in this run (the prompts' `prior` of them does not count: human-written prompts are accepted less
+    often than generated text), or fewer once even an optimistic alpha, the posterior mean plus two
+    standard deviations, would make no k >= 1 pay: a draft the target almost never agrees with stops
+    after a few rejections, or at once on the prompts' evidence."""
     a, b = successes + 1.0, failures + 1.0  # alpha ~ Beta(a, b)
     high = jnp.minimum(a / (a + b) + 2 * jnp.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))), 1 - 1e-6)
     k = jnp.arange(1, policy.v.shape[0])  # [K]
     tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
     hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
-    return (successes + failures > policy.evidence_to_stop - 0.5) | hopeless  # a count of drafts, summed in floats
+    return (successes + failures - prior > policy.evidence_to_stop - 0.5) | hopeless  # counts, summed in floats
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])

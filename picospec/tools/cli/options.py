@@ -83,12 +83,13 @@ def make_policy(args, draft, target, prompts):
     """The adaptive.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
     them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position counts as
     a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
-    then stop before its first call);
+    then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
         sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
         policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
+        policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
         return prompt_prior(policy, draft, target, prompts, sampling)
     return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
 
