@@ -7,10 +7,11 @@ compiled loop (shapes stay those of K):
               with the costs measured on this machine (tools/cli/costs.py) and the expectation taken
               over what the iterations so far say of alpha (a Beta posterior over each judged
               draft's chance of acceptance, `evidence`: few iterations, a wide one, which favours
-              drafting more than its mean alone would). k = 0 is not
-              drafting at all. It judges no drafts, so the evidence and the choice stay: the draft
-              has stopped for good (`stopped`), and the loop goes on with the target alone, one
-              autoregressive step an iteration (speculative.target_alone);
+              drafting more than its mean alone would); given the tokens each row makes, per unit of
+              time to finish them (a longer draft overshoots the end further, and a batch waits for
+              its slowest row). k = 0 is not drafting at all. It judges no drafts, so the evidence and
+              the choice stay: the draft has stopped for good (`stopped`), and the loop goes on with
+              the target alone, one autoregressive step an iteration (speculative.target_alone);
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
@@ -98,23 +99,20 @@ def choose_k(policy: Policy, successes, failures, pool=own):
     z_B = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (B - 0.375) / (B + 0.25) - 1)  # Blom's; 0 for one row
     slower = 1 + (m2 - mu) / (2 * R * mu) + z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # [K+1]; 1: R = inf
     rate = mu / ((j * policy.c + policy.v) * slower)  # [K+1] tokens per unit of time, to the end
-    allowed = may_stop(policy, pool(successes), pool(failures), pool(policy.prior[0] + policy.prior[1]))
-    rate = rate.at[0].set(jnp.where(allowed, rate[0], -jnp.inf))
+    rate = rate.at[0].set(jnp.where(may_stop(policy, pool(successes), pool(failures)), rate[0], -jnp.inf))
     return jnp.argmax(pool(rate)).astype(jnp.int32)
 
 
-def may_stop(policy: Policy, successes, failures, prior=0.0):
-    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop drafts judged
-    in this run (the prompts' `prior` of them does not count: human-written prompts are accepted less
-    often than generated text), or fewer once even an optimistic alpha, the posterior mean plus two
-    standard deviations, would make no k >= 1 pay: a draft the target almost never agrees with stops
-    after a few rejections, or at once on the prompts' evidence."""
+def may_stop(policy: Policy, successes, failures):
+    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop judged drafts,
+    or fewer once even an optimistic alpha, the posterior mean plus two standard deviations, would make
+    no k >= 1 pay: a draft the target almost never agrees with stops after a few rejections."""
     a, b = successes + 1.0, failures + 1.0  # alpha ~ Beta(a, b)
     high = jnp.minimum(a / (a + b) + 2 * jnp.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))), 1 - 1e-6)
     k = jnp.arange(1, policy.v.shape[0])  # [K]
     tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
     hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
-    return (successes + failures - prior > policy.evidence_to_stop - 0.5) | hopeless  # counts, summed in floats
+    return (successes + failures > policy.evidence_to_stop - 0.5) | hopeless  # a count of drafts, summed in floats
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])

@@ -280,19 +280,6 @@ def test_not_drafting_needs_evidence_first_and_then_stays():
     np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, [1, 4], 50, key, temperature=0))
 
 
-def test_the_prompts_prior_makes_k_0_final_only_when_drafting_is_hopeless():
-    """Stopping is final and human-written prompts are accepted less often than generated text, so the
-    prior's positions do not count towards evidence_to_stop; they do show a hopeless draft at once."""
-    v = jnp.float32([0.6, 1.0, 1.1, 1.2])  # k = 0 wins at alpha ~ 0.67, not 2 sd above it (0.88)
-    judged = adaptive.Policy(jnp.float32(0.2), v, 0.0, evidence_to_stop=16)
-    assert int(adaptive.choose_k(judged, jnp.float32(11), jnp.float32(5))) == 0  # 16 judged in this run
-    prior = dataclasses.replace(judged, prior=jnp.float32([11, 5]))  # the same 16, from the prompts
-    assert int(adaptive.choose_k(prior, jnp.float32(11), jnp.float32(5))) > 0  # (the evidence includes the prior)
-    assert int(adaptive.choose_k(prior, jnp.float32(22), jnp.float32(10))) == 0  # and 16 judged in this run
-    hopeless = dataclasses.replace(judged, prior=jnp.float32([0, 3]))
-    assert int(adaptive.choose_k(hopeless, jnp.float32(0), jnp.float32(3))) == 0  # 3 rejections on the prompts
-
-
 @pytest.mark.slow
 def test_the_stopping_policy_does_stop_on_some_keys():
     """The joint-law test above with STOPPING exercises k = 0: on some keys the second iteration drafts nothing."""
@@ -354,14 +341,14 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
 
 def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_together():
     """Its cache stays empty exactly when the loop will not draft (batch_drafting false at the start).
-    Prior (0, 6) a row: alone, alpha 2 sd above its posterior mean (0.35) could still pay, so it drafts;
-    four rows pool 24 rejections, and then not even 0.11 could. The control: deciding row by row, as
-    the start did before, would prefill drafts the batch never runs."""
+    Prior (3, 17) a row: alone, 20 judged drafts, alpha ~ 0.18 could still pay 2 sd up, so it drafts;
+    four rows pool 80, past evidence_to_stop, and at alpha ~ 0.16 k = 0 wins. The control: deciding
+    row by row, as the start did before, would prefill drafts the batch never runs."""
     from picospec.batch import ROWS, batch_buffers, batch_drafting, in_batch
     from picospec.speculative import ModelDraft, start
     from picospec.tools.cli.stream import speculative_start
     v, K = jnp.float32([1.0, 1.2, 1.4, 1.6]), 3
-    policy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([0, 6]))
+    policy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
     draft = adaptive.AdaptiveDraft(ModelDraft(DRAFT), policy)
     prefilled = lambda state: bool(jnp.any(state.draft_cache.k[0] != 0))  # noqa: E731
     tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 4], [3, 3, 0], [2], [5, 1]], 8, K, TARGET.config)
