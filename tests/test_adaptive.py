@@ -3,6 +3,7 @@ every verifier exact (enumerated on a 4-token vocabulary, sampled through the lo
 of k is the theory module's."""
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +12,22 @@ import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
 from test_speculative import DRAFT, TARGET, speculative_triples, target_law
-from test_verifiers import (RESIDUALS, V, add, block_law, markov_target_law, markov_tables, match_law, stream_law,
-                            token_law)
+from test_verifiers import (
+    RESIDUALS,
+    V,
+    add,
+    block_law,
+    markov_tables,
+    markov_target_law,
+    match_law,
+    stream_law,
+    token_law,
+)
 
 import picospec
 from picospec import Sampling, adaptive, theory
-from picospec.tools.cli.stream import stream
 from picospec.sampling import logits_to_probs
+from picospec.tools.cli.stream import stream
 from picospec.verifiers import RULES
 
 POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
@@ -354,17 +364,12 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 4], [3, 3, 0], [2], [5, 1]], 8, K, TARGET.config)
     keys = jax.random.split(jax.random.key(0), 4)
 
+    @partial(jax.jit, static_argnames="axis_name")
     def starts(row_draft, axis_name=None):
         row = lambda x, n, key: start(row_draft, TARGET, x, n, key, K, prefill_len, max_len)  # noqa: E731
         return jax.vmap(row, axis_name=axis_name)(tokens, n_prompt, keys)
-    alone = start(draft, TARGET, tokens[0], n_prompt[0], keys[0], K, prefill_len, max_len)
-    assert prefilled(alone) and bool(adaptive.choose_k(policy, *policy.prior) > 0)  # one row drafts
-    for state in [starts(in_batch(draft), ROWS), speculative_start(draft, TARGET, tokens, n_prompt, keys, K,
-                                                                    prefill_len, max_len)]:
+    stream_start = jax.jit(lambda: speculative_start(draft, TARGET, tokens, n_prompt, keys, K, prefill_len, max_len))
+    assert int(adaptive.choose_k(policy, *policy.prior)) > 0  # one row alone drafts
+    for state in [starts(in_batch(draft), ROWS), stream_start()]:
         assert not prefilled(state) and not bool(batch_drafting(in_batch(draft), state))
     assert prefilled(starts(draft))  # the control: each row on its own prior would prefill
-    out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, [[1, 4], [3, 3, 0], [2], [5, 1]], 8, keys, K=K,
-                                                   temperature=0, policy=policy)
-    assert not np.asarray(trace.k).any()  # the batch never drafted
-    np.testing.assert_array_equal(out, picospec.autoregressive_sample_batch(TARGET, [[1, 4], [3, 3, 0], [2], [5, 1]],
-                                                                            8, keys, temperature=0))
