@@ -94,8 +94,8 @@ def main(argv=None):
             k = np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])]) for _, trace in results["auto"]
                                 for b in range(B)])
             print(f"| {T} | {B} | {speed['ar']:.0f} | {top}: {speed[top]:.0f} | {speed['auto']:.0f} | "
-                  f"{speed['auto'] / speed['ar']:.2f} ({over('ar'):.2f}) | {speed['auto'] / speed[top]:.2f} ({over(top):.2f}) | "
-                  f"{k.mean():.2f} "
+                  f"{speed['auto'] / speed['ar']:.2f} ({over('ar'):.2f}) | "
+                  f"{speed['auto'] / speed[top]:.2f} ({over(top):.2f}) | {k.mean():.2f} "
                   f"(v ms: {', '.join(f'{x:.2f}' for x in np.asarray(auto.v))}) |", flush=True)
             jax.clear_caches()  # ten batch sizes' programs would exhaust the process's memory maps
 

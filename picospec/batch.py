@@ -92,6 +92,12 @@ def batch_loop(step, state, n_end, going=lambda s: True):
                               state)
 
 
+def batch_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
+    """speculative.start for every row, the rows deciding together (whether the draft runs at all)."""
+    row = lambda x, n, key: start(in_batch(draft), target, x, n, key, K, prefill_len, max_len)  # noqa: E731
+    return jax.vmap(row, axis_name=ROWS)(tokens, n_prompt, keys)
+
+
 def batch_drafting(draft, state):  # bool []: the rows' draft has not stopped for good (they stop together)
     return jnp.all(jax.vmap(lambda row: drafting(draft, row), axis_name=ROWS)(state))
 
@@ -100,9 +106,8 @@ def batch_drafting(draft, state):  # bool []: the rows' draft has not stopped fo
 def speculative_batch(draft, target, tokens, n_prompt, keys, n_tokens, K, sampling, prefill_len, max_len, eos_id,
                       verify=accept_or_resample, step=speculative_step):
     """speculative_loop for every row: tokens [B, L], n_prompt [B], keys [B] -> ([B, n_tokens], Trace [B, ...])."""
+    state = batch_start(draft, target, tokens, n_prompt, keys, K, prefill_len, max_len)
     draft, n_end = in_batch(draft), n_prompt + n_tokens
-    state = jax.vmap(lambda x, n, key: start(draft, target, x, n, key, K, prefill_len, max_len), axis_name=ROWS)(
-        tokens, n_prompt, keys)
     state = batch_loop(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_end,
                        partial(batch_drafting, draft))
     if draft.may_stop:  # what is left after it stopped: the target alone

@@ -12,17 +12,8 @@ import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
 from test_speculative import DRAFT, TARGET, speculative_triples, target_law
-from test_verifiers import (
-    RESIDUALS,
-    V,
-    add,
-    block_law,
-    markov_tables,
-    markov_target_law,
-    match_law,
-    stream_law,
-    token_law,
-)
+from test_verifiers import (RESIDUALS, V, add, block_law, markov_tables, markov_target_law, match_law, stream_law,
+                            token_law)
 
 import picospec
 from picospec import Sampling, adaptive, theory
@@ -354,9 +345,8 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     Prior (3, 17) a row: alone, 20 judged drafts, alpha ~ 0.18 could still pay 2 sd up, so it drafts;
     four rows pool 80, past evidence_to_stop, and at alpha ~ 0.16 k = 0 wins. The control: deciding
     row by row, as the start did before, would prefill drafts the batch never runs."""
-    from picospec.batch import ROWS, batch_buffers, batch_drafting, in_batch
+    from picospec.batch import ROWS, batch_buffers, batch_drafting, batch_start, in_batch
     from picospec.speculative import ModelDraft, start
-    from picospec.tools.cli.stream import speculative_start
     v, K = jnp.float32([1.0, 1.2, 1.4, 1.6]), 3
     policy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
     draft = adaptive.AdaptiveDraft(ModelDraft(DRAFT), policy)
@@ -368,8 +358,8 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     def starts(row_draft, axis_name=None):
         row = lambda x, n, key: start(row_draft, TARGET, x, n, key, K, prefill_len, max_len)  # noqa: E731
         return jax.vmap(row, axis_name=axis_name)(tokens, n_prompt, keys)
-    stream_start = jax.jit(lambda: speculative_start(draft, TARGET, tokens, n_prompt, keys, K, prefill_len, max_len))
+    batched = jax.jit(lambda: batch_start(draft, TARGET, tokens, n_prompt, keys, K, prefill_len, max_len))
     assert int(adaptive.choose_k(policy, *policy.prior)) > 0  # one row alone drafts
-    for state in [starts(in_batch(draft), ROWS), stream_start()]:
+    for state in [starts(in_batch(draft), ROWS), batched()]:  # by hand, and as the batch and the stream start
         assert not prefilled(state) and not bool(batch_drafting(in_batch(draft), state))
     assert prefilled(starts(draft))  # the control: each row on its own prior would prefill

@@ -20,10 +20,10 @@ import numpy as np
 
 from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step
-from picospec.batch import ROWS, batch_buffers, batch_drafting, batch_step, in_batch, unfinished
+from picospec.batch import batch_buffers, batch_drafting, batch_start, batch_step, in_batch, unfinished
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.speculative import start, target_alone
+from picospec.speculative import target_alone
 from picospec.state import Trace
 from picospec.tools import checks
 from picospec.tools.cli.costs import warm
@@ -79,12 +79,6 @@ def compile_now(fn, *args, donate=(), B=1, **static):
     jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
                                     for i, a in enumerate(args)]))
     return program, time.perf_counter() - t0
-
-
-def speculative_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
-    """Every row's state before its first iteration (speculative.start, vmapped; the rows decide together)."""
-    row = lambda x, n, key: start(in_batch(draft), target, x, n, key, K, prefill_len, max_len)  # noqa: E731
-    return jax.vmap(row, axis_name=ROWS)(tokens, n_prompt, keys)
 
 
 def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
@@ -151,7 +145,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
-        begin, begin_options = speculative_start, dict(K=K, **sizes)
+        begin, begin_options = batch_start, dict(K=K, **sizes)
     init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options)
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
