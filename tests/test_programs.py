@@ -1,12 +1,15 @@
-"""The CLI's exported programs (picospec/tools/cli/programs.py): a repeated run traces nothing and gives
-the same tokens; what the program was built from changes its file; a damaged file is rebuilt with a note."""
+"""The CLI's exported programs and their executables (picospec/tools/cli/programs.py, executables.py): a
+repeated run traces and compiles nothing and gives the same tokens; what the program was built from changes
+its files; a damaged file is rebuilt with a note."""
 
 import json
 
+import jax
+import jax.numpy as jnp
 import pytest
 from test_cli import PAIR, run_cli
 
-from picospec.tools.cli import programs
+from picospec.tools.cli import executables, programs
 
 RUN = [*PAIR, "--prompt", "To be", "--n-tokens", "10", "--K", "3", "--json"]
 
@@ -17,21 +20,30 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "jit" / "programs"
 
 
-def files(folder):
-    return sorted(p.name for p in folder.glob("*.jaxexport"))
+def files(folder, kind="jaxexport"):
+    return sorted(p.name for p in folder.glob(f"*.{kind}"))
 
 
 def traced_again(*args, **kwargs):
     raise AssertionError("traced again")
 
 
+def compiled_again(*args, **kwargs):
+    raise AssertionError("compiled again")
+
+
 def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, monkeypatch):
     code, first, _ = run_cli(capsys, *RUN)
-    assert code == 0 and len(files(cache)) == 2  # the batched start and one iteration
+    assert code == 0 and len(files(cache)) == len(files(cache, "xla")) == 2  # the batched start and one iteration
     monkeypatch.setattr(programs.export, "export", traced_again)
+    monkeypatch.setattr(programs, "fresh_compile", compiled_again)
     code, again, _ = run_cli(capsys, *RUN)
     assert code == 0 and json.loads(again)["tokens"] == json.loads(first)["tokens"]
-    # The control: with the folder off, the same run has to trace.
+    # The controls: without the executables the run compiles; with the folder off, it traces too.
+    for path in cache.glob("*.xla"):
+        path.unlink()
+    with pytest.raises(AssertionError, match="compiled again"):
+        run_cli(capsys, *RUN)
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", "off")
     with pytest.raises(AssertionError, match="traced again"):
         run_cli(capsys, *RUN)
@@ -59,6 +71,42 @@ def test_a_damaged_program_is_rebuilt_with_a_note(capsys, cache):
     assert err.count("picospec: note: rebuilding") == 2 and "Traceback" not in err
     run_cli(capsys, *RUN)
     assert "note" not in capsys.readouterr().err  # rebuilt whole
+
+
+def test_a_damaged_or_swapped_executable_is_rebuilt_with_a_note(capsys, cache):
+    _, first, _ = run_cli(capsys, *RUN)
+    start, iteration = sorted(cache.glob("*.xla"), key=lambda path: path.stat().st_size)
+    start_bytes = start.read_bytes()
+    start.write_bytes(iteration.read_bytes())  # another program's, whole
+    iteration.write_bytes(iteration.read_bytes()[:1000])  # cut short
+    code, again, err = run_cli(capsys, *RUN)
+    assert code == 0 and json.loads(again)["tokens"] == json.loads(first)["tokens"]
+    assert err.count("picospec: note: rebuilding") == 2 and ".xla" in err and "Traceback" not in err
+    assert start.read_bytes()[:32] == start_bytes[:32] != iteration.read_bytes()[:32]  # compiled again: its own
+    run_cli(capsys, *RUN)
+    assert "note" not in capsys.readouterr().err
+
+
+def test_an_executable_called_directly_gives_what_jit_gives():
+    """executables.Loaded takes the arguments' tree as the compiled program does: keys, Python numbers,
+    donated buffers (consumed), and the outputs in the program's tree."""
+    def step(key, x, scale):
+        key, sub = jax.random.split(key)
+        return {"key": key, "x": x * scale + jax.random.normal(sub, x.shape)}
+    args = (jax.random.key(0), jnp.arange(3.0), 2.0)
+    program = jax.export.export(jax.jit(step))(*args)
+    compiled = jax.jit(program.call, donate_argnums=(1,), keep_unused=True).lower(*args).compile()
+    name = "0" * 32
+    data = bytearray(name.encode() + jax.devices()[0].client.serialize_executable(compiled.runtime_executable()))
+    loaded = executables.load_executable(data, name, program, args)
+    x = jnp.arange(3.0)
+    out = loaded(args[0], x, 2.0)
+    want = step(*args)
+    assert x.is_deleted()  # donated, as the compiled program's would be
+    assert jnp.array_equal(jax.random.key_data(out["key"]), jax.random.key_data(want["key"]))
+    assert jnp.allclose(out["x"], want["x"])
+    with pytest.raises(ValueError, match="another program"):
+        executables.load_executable(data, "1" * 32, program, args)
 
 
 def test_a_file_names_only_picospec_functions():

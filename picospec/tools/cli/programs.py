@@ -9,15 +9,19 @@ static parts of every node, such as the model's config), their shapes and dtypes
 the donated arguments, picospec's own source files, the jax and jaxlib versions and the device. A later
 run that finds the file deserializes it and compiles it, which the persistent cache answers: no tracing.
 
+The compiled program is kept too, next to its export (executables.py): a run that finds both neither
+traces nor compiles.
+
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
 is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
-KB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
+KB to a few MB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
 """
 
 import dataclasses
 import hashlib
 import importlib
 import json
+import os
 import sys
 from functools import lru_cache, partial
 from pathlib import Path
@@ -35,6 +39,7 @@ from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
+from picospec.tools.cli.executables import fresh_compile, load_executable
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tree import Shape, TreeDraft
 
@@ -106,28 +111,52 @@ def digest(fn, args, static: dict, donate) -> str:
     device = jax.devices()[0]
     what = [name(fn), describe(tree), [str(jax.typeof(x)) for x in leaves],
             sorted((k, name(v) if callable(v) else repr(v)) for k, v in static.items()), sorted(donate),
-            source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind]
+            source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
+            os.environ.get("XLA_FLAGS", "")]  # flags change the compiled code
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
 def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
-    """fn(*args, **static) compiled: from the exported program an earlier run saved, or traced,
-    exported and saved now. donate: the positions of arguments whose buffers it may reuse."""
-    folder = cache_folder()
-    path = folder / "programs" / f"{digest(fn, args, static, donate)}.jaxexport" if folder else None
-    program = None
-    if path and path.exists():
-        try:
-            program = export.deserialize(bytearray(path.read_bytes()))
-        except Exception as e:  # noqa: BLE001 any damage: a truncated or foreign file
-            print(f"picospec: note: rebuilding {path.name}, which could not be read ({type(e).__name__})",
-                  file=sys.stderr)
+    """fn(*args, **static) compiled: the executable an earlier run saved, or compiled now from the exported
+    program an earlier run saved, or traced, exported and compiled now (each saved for the next run).
+    donate: the positions of arguments whose buffers it may reuse."""
+    folder, name = cache_folder(), digest(fn, args, static, donate)
+    path = folder / "programs" / f"{name}.jaxexport" if folder else None
+    program = read(path, export.deserialize)
+    if program is not None:
+        executable = read(path.with_suffix(".xla"), partial(load_executable, name=name, program=program, args=args))
+        if executable is not None:
+            return executable
     if program is None:
         program = export.export(jax.jit(partial(fn, **static)))(*args)
-        if path:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(program.serialize())
-            except OSError:
-                pass  # a read-only cache folder: trace again next time
-    return jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
+        write(path, program.serialize())
+    if path is None:
+        return jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
+    with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
+        program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
+    try:
+        write(path.with_suffix(".xla"), name.encode() + jax.devices()[0].client.serialize_executable(
+            program_compiled.runtime_executable()))
+    except Exception:  # noqa: BLE001 a platform that cannot serialize it: compile it from the export each run
+        pass
+    return program_compiled
+
+
+def read(path, load):
+    """load(the file's bytes), or None when there is no file, or (with a one-line note) a damaged one."""
+    if path is None or not path.exists():
+        return None
+    try:
+        return load(bytearray(path.read_bytes()))
+    except Exception as e:  # noqa: BLE001 any damage: a truncated or foreign file
+        print(f"picospec: note: rebuilding {path.name}, which could not be read ({type(e).__name__})", file=sys.stderr)
+        return None
+
+
+def write(path, data: bytes):
+    if path:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError:
+            pass  # a read-only cache folder: build it again next time

@@ -1,0 +1,72 @@
+"""The CLI's compiled programs kept as XLA executables (programs.py saves them next to their exports).
+
+Looking a compiled program up in JAX's persistent cache still lowers the exported program again and
+hashes it: about 0.15 s of a repeated run on the bundled pair. So programs.py keeps XLA's own serialized
+executable for this machine as well (`.xla`), and a later run loads it and calls it directly (`Loaded`),
+as JAX itself calls it. The file is as trusted as JAX's persistent cache, which holds the same kind.
+"""
+
+from contextlib import contextmanager
+from functools import lru_cache
+
+import jax
+import numpy as np
+from jax import export
+from jax.experimental.compilation_cache import compilation_cache
+
+
+@contextmanager
+def fresh_compile():
+    """Compile without JAX's persistent cache (it decides once per process whether to use it: reset it)."""
+    enabled = jax.config.jax_enable_compilation_cache
+    compilation_cache.reset_cache()
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+
+
+def load_executable(data, name: str, program: export.Exported, args):
+    """The saved executable of `program` (its file starts with the program's digest, `name`), called on
+    arguments shaped like `args`."""
+    if data[:len(name)] != name.encode() or jax.tree_util.tree_structure((args, {})) != program.in_tree:
+        raise ValueError("another program's executable")
+    client = jax.devices()[0].client
+    return Loaded(client.deserialize_executable(bytes(data[len(name):]), executable_devices=client.devices()[:1]),
+                  program)
+
+
+@lru_cache(maxsize=64)
+def constant(value, dtype) -> jax.Array:  # put on the device as it is: jnp.asarray would compile a conversion
+    return jax.device_put(np.asarray(value, dtype))
+
+
+def is_key(aval) -> bool:  # a jax.random key: its executable takes and gives the key's raw data
+    return jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key)
+
+
+class Loaded:
+    """A saved executable, called as the compiled program it was saved from: the arguments' leaves go in
+    (donated ones are consumed), the outputs come back in the program's own tree."""
+
+    def __init__(self, executable, program: export.Exported):
+        self.executable, self.program = executable, program
+        self.keys_in = [i for i, aval in enumerate(program.in_avals) if is_key(aval)]
+        self.keys_out = [i for i, aval in enumerate(program.out_avals) if is_key(aval)]
+
+    def __call__(self, *args):
+        leaves = jax.tree_util.tree_leaves(args)
+        for i, x in enumerate(leaves):
+            if not isinstance(x, jax.Array):  # a Python number (a Sampling's temperature): the same each call
+                leaves[i] = constant(x, self.program.in_avals[i].dtype)
+        for i in self.keys_in:
+            leaves[i] = jax.random.key_data(leaves[i])
+        outputs = [x[0] for x in self.executable.execute_sharded(leaves).disassemble_into_single_device_arrays()]
+        for i in self.keys_out:
+            outputs[i] = jax.random.wrap_key_data(outputs[i])
+        return jax.tree_util.tree_unflatten(self.program.out_tree, outputs)
+
+    def memory_analysis(self):  # as a compiled program's (tools/memory.py)
+        return self.executable.get_compiled_memory_stats()
