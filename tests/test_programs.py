@@ -3,6 +3,7 @@ repeated run traces and compiles nothing and gives the same tokens; what the pro
 its files; a damaged file is rebuilt with a note."""
 
 import json
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +86,22 @@ def test_a_damaged_or_swapped_executable_is_rebuilt_with_a_note(capsys, cache):
     assert start.read_bytes()[:32] == start_bytes[:32] != iteration.read_bytes()[:32]  # compiled again: its own
     run_cli(capsys, *RUN)
     assert "note" not in capsys.readouterr().err
+
+
+def test_a_repeated_run_finds_its_executables_loading_already(capsys, cache, monkeypatch):
+    """The CLI starts loading the executables its last run used as it begins, in the background."""
+    _, first, _ = run_cli(capsys, *RUN)
+    threads, deserialize = [], executables.deserialize
+    monkeypatch.setattr(executables, "deserialize", lambda *a: threads.append(threading.current_thread().name)
+                        or deserialize(*a))
+    _, again, _ = run_cli(capsys, *RUN)
+    assert json.loads(again)["tokens"] == json.loads(first)["tokens"]
+    assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads)
+    # The control: without the last run's names, the run loads them itself, when it asks for them.
+    (cache / "last-run").unlink()
+    threads.clear()
+    run_cli(capsys, *RUN)
+    assert threads == ["MainThread"] * 2
 
 
 def test_an_executable_called_directly_gives_what_jit_gives():

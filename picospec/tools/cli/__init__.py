@@ -39,6 +39,7 @@ from picospec.tools.cli.options import (
     use_platform,
 )
 from picospec.tools.cli.picture import draw
+from picospec.tools.cli.programs import start_loading
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
 from picospec.tree import CHILDREN
@@ -171,6 +172,7 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
+        start_loading()  # and finds what it runs already loaded
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)

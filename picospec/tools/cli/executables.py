@@ -4,10 +4,18 @@ Looking a compiled program up in JAX's persistent cache still lowers the exporte
 hashes it: about 0.15 s of a repeated run on the bundled pair. So programs.py keeps XLA's own serialized
 executable for this machine as well (`.xla`), and a later run loads it and calls it directly (`Loaded`),
 as JAX itself calls it. The file is as trusted as JAX's persistent cache, which holds the same kind.
+
+Loading an executable takes a while (0.05 s and 0.15 s for the bundled pair's start and iteration), and a
+run asks for them only once it has loaded the models and the prompts. So the CLI starts loading, in the
+background as it begins (`load_early`), the executables its last run used (programs/last-run): a
+repeated command finds them loaded. Any it does not ask for are dropped.
 """
 
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -31,11 +39,43 @@ def fresh_compile():
 def load_executable(data, name: str, program: export.Exported, args):
     """The saved executable of `program` (its file starts with the program's digest, `name`), called on
     arguments shaped like `args`."""
-    if data[:len(name)] != name.encode() or jax.tree_util.tree_structure((args, {})) != program.in_tree:
+    if jax.tree_util.tree_structure((args, {})) != program.in_tree:
+        raise ValueError("another program's executable")
+    early = loading.pop(name, None)
+    return Loaded(early.result() if early else deserialize(data, name), program)
+
+
+def deserialize(data, name: str):
+    if data[:len(name)] != name.encode():
         raise ValueError("another program's executable")
     client = jax.devices()[0].client
-    return Loaded(client.deserialize_executable(bytes(data[len(name):]), executable_devices=client.devices()[:1]),
-                  program)
+    return client.deserialize_executable(bytes(data[len(name):]), executable_devices=client.devices()[:1])
+
+
+loading: dict[str, Future] = {}  # name -> the executable being loaded early
+used: list[str] = []  # the programs this process asked for, in order
+
+
+def remember(folder: Path, name: str):
+    """Name `name` in folder/last-run, with the others this run used, for the next run to load early."""
+    used.append(name) if name not in used else None
+    try:
+        (folder / "last-run").write_text("\n".join(used[-8:]) + "\n")
+    except OSError:
+        pass  # a read-only cache folder: nothing is loaded early
+
+
+def load_early(folder: Path):
+    """Start loading the executables the last run used (named in folder/last-run), one after another in
+    a background thread (XLA loads one at a time)."""
+    try:
+        names = [name for name in (folder / "last-run").read_text().split() if re.fullmatch("[0-9a-f]{32}", name)]
+    except OSError:
+        return
+    pool = ThreadPoolExecutor(1, thread_name_prefix="picospec-load")
+    for name in names[:8]:
+        loading[name] = pool.submit(lambda name: deserialize((folder / f"{name}.xla").read_bytes(), name), name)
+    pool.shutdown(wait=False)
 
 
 @lru_cache(maxsize=64)

@@ -39,7 +39,7 @@ from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
-from picospec.tools.cli.executables import fresh_compile, load_executable
+from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tree import Shape, TreeDraft
 
@@ -122,6 +122,8 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     donate: the positions of arguments whose buffers it may reuse."""
     folder, name = cache_folder(), digest(fn, args, static, donate)
     path = folder / "programs" / f"{name}.jaxexport" if folder else None
+    if path:
+        remember(path.parent, name)
     program = read(path, export.deserialize)
     if program is not None:
         executable = read(path.with_suffix(".xla"), partial(load_executable, name=name, program=program, args=args))
@@ -160,3 +162,10 @@ def write(path, data: bytes):
             path.write_bytes(data)
         except OSError:
             pass  # a read-only cache folder: build it again next time
+
+
+def start_loading():
+    """Begin loading, in the background, the executables the last run used (executables.load_early)."""
+    folder = cache_folder()
+    if folder:
+        load_early(folder / "programs")
