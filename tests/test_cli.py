@@ -83,6 +83,18 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
         assert [args[-1] for args in asked] == [True]  # timed as the stream runs an iteration (streamed)
 
 
+def test_timed_costs_never_fall_as_k_grows_and_stay_closest_to_the_laps():
+    """A noisy lap that times k = 6 below k = 5 is pooled with it (least squares), not left to make a
+    longer draft look cheaper; monotone costs are kept as they are."""
+    laps = [1.3, 3.0, 3.4, 3.5, 4.3, 4.5, 4.2, 4.8]
+    smooth = costs.never_less(laps)
+    assert all(a <= b for a, b in zip(smooth, smooth[1:])) and smooth[5] == smooth[6] == pytest.approx(4.35)
+    assert smooth[:5] == laps[:5] and smooth[7] == laps[7] and sum(smooth) == pytest.approx(sum(laps))
+    assert costs.never_less(laps[:5]) == laps[:5]
+    assert costs.never_less([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]  # the control: all pooled, a cumulative max is not
+    assert np.maximum.accumulate([3.0, 2.0, 1.0]).tolist() != costs.never_less([3.0, 2.0, 1.0])
+
+
 @pytest.mark.slow
 def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
