@@ -1,6 +1,6 @@
 """The CLI's exported programs and their executables (picospec/tools/cli/programs.py, executables.py): a
-repeated run traces and compiles nothing and gives the same tokens; what the program was built from changes
-its files; a damaged file is rebuilt with a note."""
+repeated run traces and compiles nothing, finds its executables loading already, and gives the same
+tokens; what the program was built from changes its files; a damaged file is rebuilt with a note."""
 
 import json
 import threading
@@ -38,9 +38,18 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
     assert code == 0 and len(files(cache)) == len(files(cache, "xla")) == 2  # the batched start and one iteration
     monkeypatch.setattr(programs.export, "export", traced_again)
     monkeypatch.setattr(programs, "fresh_compile", compiled_again)
+    threads, deserialize = [], executables.deserialize  # where the executables are loaded
+    monkeypatch.setattr(executables, "deserialize", lambda *a: threads.append(threading.current_thread().name)
+                        or deserialize(*a))
     code, again, _ = run_cli(capsys, *RUN)
     assert code == 0 and json.loads(again)["tokens"] == json.loads(first)["tokens"]
-    # The controls: without the executables the run compiles; with the folder off, it traces too.
+    assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads)  # early, as it began
+    # The controls: without the last run's names the run loads them itself, when it asks for them; without
+    # the executables it compiles; with the folder off, it traces too.
+    (cache / "last-run").unlink()
+    threads.clear()
+    run_cli(capsys, *RUN)
+    assert threads == ["MainThread"] * 2
     for path in cache.glob("*.xla"):
         path.unlink()
     with pytest.raises(AssertionError, match="compiled again"):
@@ -86,22 +95,6 @@ def test_a_damaged_or_swapped_executable_is_rebuilt_with_a_note(capsys, cache):
     assert start.read_bytes()[:32] == start_bytes[:32] != iteration.read_bytes()[:32]  # compiled again: its own
     run_cli(capsys, *RUN)
     assert "note" not in capsys.readouterr().err
-
-
-def test_a_repeated_run_finds_its_executables_loading_already(capsys, cache, monkeypatch):
-    """The CLI starts loading the executables its last run used as it begins, in the background."""
-    _, first, _ = run_cli(capsys, *RUN)
-    threads, deserialize = [], executables.deserialize
-    monkeypatch.setattr(executables, "deserialize", lambda *a: threads.append(threading.current_thread().name)
-                        or deserialize(*a))
-    _, again, _ = run_cli(capsys, *RUN)
-    assert json.loads(again)["tokens"] == json.loads(first)["tokens"]
-    assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads)
-    # The control: without the last run's names, the run loads them itself, when it asks for them.
-    (cache / "last-run").unlink()
-    threads.clear()
-    run_cli(capsys, *RUN)
-    assert threads == ["MainThread"] * 2
 
 
 def test_an_executable_called_directly_gives_what_jit_gives():
