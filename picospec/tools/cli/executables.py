@@ -58,7 +58,8 @@ used: list[str] = []  # the programs this process asked for, in order
 
 def remember(folder: Path, name: str):
     """Name `name` in folder/last-run, with the others this run used, for the next run to load early."""
-    used.append(name) if name not in used else None
+    if name not in used:
+        used.append(name)
     try:
         (folder / "last-run").write_text("\n".join(used[-8:]) + "\n")
     except OSError:
