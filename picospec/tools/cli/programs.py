@@ -7,10 +7,8 @@ exports `fn` (jax.export: StableHLO in a flatbuffer; nothing is pickled) into a 
 digest of everything the program was traced from: the function's name, the arguments' tree (with the
 static parts of every node, such as the model's config), their shapes and dtypes, the static options,
 the donated arguments, picospec's own source files, the jax and jaxlib versions and the device. A later
-run that finds the file deserializes it and compiles it, which the persistent cache answers: no tracing.
-
-The compiled program is kept too, next to its export (executables.py): a run that finds both neither
-traces nor compiles.
+run that finds the file deserializes it: no tracing. The compiled program is kept too, next to its
+export (executables.py): a run that finds both neither traces nor compiles.
 
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
 is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
