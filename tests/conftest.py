@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 from picospec.gpt2 import GPT2Config, Model, init_params  # noqa: E402
+from picospec.tools.cli import jit_cache  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 # The device the tests run on, as the CLI's summary and the benchmark's report name it.
@@ -62,16 +63,12 @@ def compiles():
     return _counter
 
 
-CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                  "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size")
-
-
 @pytest.fixture(autouse=True)
 def no_persistent_cache_after_the_test():
     """A test that runs the CLI with a cache folder turns JAX's persistent cache on for the whole process
     (jit_cache.use_persistent_cache): turn it back off, so that no later test writes every program it
     compiles into that folder."""
-    before = {name: getattr(jax.config, name) for name in CACHE_SETTINGS}
+    before = {name: getattr(jax.config, name) for name in jit_cache.settings(Path())}
     yield
     if any(getattr(jax.config, name) != value for name, value in before.items()):
         for name, value in before.items():

@@ -34,8 +34,14 @@ def use_persistent_cache() -> Path | None:
     folder = cache_folder()
     if folder is None:
         return None
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # even the sub-second ones add up
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", 1 << 30)  # least recently used go beyond 1 GiB
+    for name, value in settings(folder).items():
+        jax.config.update(name, value)
     return folder
+
+
+def settings(folder: Path) -> dict:
+    """The JAX options use_persistent_cache sets (for the whole process)."""
+    return {"jax_compilation_cache_dir": str(folder),
+            "jax_persistent_cache_min_compile_time_secs": 0.0,  # even the sub-second ones add up
+            "jax_persistent_cache_min_entry_size_bytes": 0,
+            "jax_compilation_cache_max_size": 1 << 30}  # least recently used go beyond 1 GiB
