@@ -188,14 +188,14 @@ for n, b in zip(NS, predicted):
 # the draft proposing a token q never accepts).
 
 # %%
-from picospec import adaptive  # noqa: E402
+from picospec.policy import Policy, alpha_estimate  # noqa: E402
 
-policy = adaptive.Policy(jnp.float32(0.25), 1 + 0.1 * jnp.arange(0, 9, dtype=jnp.float32), jnp.float32(0))  # k = 0..8
+policy = Policy(jnp.float32(0.25), 1 + 0.1 * jnp.arange(0, 9, dtype=jnp.float32), jnp.float32(0))  # k = 0..8
 _, trace = picospec.speculative_sample(draft, target, prompt, 100, jax.random.key(3), K=8, temperature=0.8,
                                        policy=policy)
 steps = int(trace.n_steps)
 k_chosen, kept = np.asarray(trace.k[:steps]), np.asarray(trace.n_accepted[:steps])
-alpha_seen = [float(adaptive.alpha_estimate(trace._replace(k=trace.k.at[i:].set(0)))) for i in range(steps)]
+alpha_seen = [float(alpha_estimate(trace._replace(k=trace.k.at[i:].set(0)))) for i in range(steps)]
 fig, ax = plt.subplots(figsize=(8.5, 3.2))
 ax.step(range(steps), k_chosen, where="mid", label="k drafted")
 ax.plot(range(steps), kept, "k.", label="kept")

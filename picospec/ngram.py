@@ -9,7 +9,7 @@ At temperature 0 that is an exact match against the target's argmax. Text that q
 its input is full of such matches, and a lookup costs next to nothing (c ≈ 0).
 
 When nothing matches, the lookup proposes nothing (k = 0). Run it as a draft that may propose fewer
-than K, `adaptive.AdaptiveDraft(NGramDraft(max_n).for_target(target), adaptive.fixed(K))` with
+than K, `adaptive.AdaptiveDraft(NGramDraft(max_n).for_target(target), policy.fixed(K))` with
 `adaptive.adaptive_step`: an iteration with nothing proposed is then one plain target step, so that a
 lookup that finds nothing costs no more than autoregressive decoding.
 """

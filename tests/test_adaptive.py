@@ -17,14 +17,17 @@ from test_verifiers import (RESIDUALS, V, add, block_law, markov_tables, markov_
 
 import picospec
 from picospec import Sampling, adaptive, theory
+from picospec.policy import Policy, alpha_estimate, choose_k, evidence, fixed
 from picospec.sampling import logits_to_probs
 from picospec.tools.cli.stream import stream
 from picospec.verifiers import RULES
 
-POLICY = adaptive.Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
+POLICY = Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
 # K_max = 3, 2 drafts at first, and k = 0 once two drafts were judged and alpha looks below ~1/2: runs
 # whose d_0 was accepted stop drafting at the second iteration, the others later.
-STOPPING = adaptive.Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.0, 1.0]), jnp.float32(0), evidence_to_stop=2)
+STOPPING = Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.0, 1.0]), jnp.float32(0), evidence_to_stop=2)
+# With 64 tokens a row in view, a first look pays, and after it k = 0 or not by what it found (worth_a_look):
+LOOKING = Policy(jnp.float32(0), jnp.float32([0.6, 1.0, 1.1, 1.2]), jnp.float32(0), horizon=64.0)
 
 
 def padded_block_law(d, p, q):
@@ -106,14 +109,16 @@ def test_each_rule_as_coded_reads_zero_rows_as_not_proposed(rule, law):
         assert not np.asarray(h[2:]).any()
 
 
-@pytest.mark.parametrize("rule, which", [pytest.param("token", "confidence", marks=pytest.mark.slow), ("token", "stopping"),
+@pytest.mark.parametrize("rule, which", [pytest.param("token", "confidence", marks=pytest.mark.slow),
+                                         pytest.param("token", "stopping", marks=pytest.mark.slow), ("token", "looking"),
                                          pytest.param("block", "confidence", marks=pytest.mark.slow),
                                          pytest.param("block", "stopping", marks=pytest.mark.slow)])
 def test_the_adaptive_loop_follows_the_target_joint_law(rule, which):
     law = target_law(Sampling(1.0))
-    policy = adaptive.Policy(POLICY.c, POLICY.v[:4], POLICY.threshold) if which == "confidence" else STOPPING  # K_max = 3
+    policy = {"confidence": Policy(POLICY.c, POLICY.v[:4], POLICY.threshold), "stopping": STOPPING,  # K_max = 3
+              "looking": LOOKING}[which]
     triples = speculative_triples(K=3, temperature=1.0, verify=rule, policy=policy)  # vmapped over keys: a switch
-    # runs all its branches; with STOPPING, some keys' second iteration drafts nothing (checked below)
+    # runs all its branches; with STOPPING and LOOKING, some keys' second iteration drafts nothing (checked below)
     assert chi_square_p(triples, law) > PASS
     # The control: the same loop against the draft's law fails.
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
@@ -127,7 +132,7 @@ GREEDY_CASES = [(0, "block"), pytest.param(1, "match", marks=pytest.mark.slow),
 def test_greedy_is_the_targets_greedy_output_with_every_policy_and_rule(which, rule):
     target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
     draft = early_exit(target, 1)
-    policy = [POLICY, adaptive.fixed(5, threshold=0.9), adaptive.Policy(jnp.float32(0.01), jnp.ones(6), 0.0)][which]
+    policy = [POLICY, fixed(5, threshold=0.9), Policy(jnp.float32(0.01), jnp.ones(6), 0.0)][which]
     policy = STOPPING if which == 0 and rule == "match" else policy
     for seed, prompt in enumerate([[3], [1, 5, 9, 2], list(range(12))]):
         key = jax.random.key(seed)
@@ -139,11 +144,11 @@ def test_greedy_is_the_targets_greedy_output_with_every_policy_and_rule(which, r
 
 def test_a_policy_that_never_stops_is_the_fixed_K_loop_and_stops_show_in_the_trace():
     key = jax.random.key(4)
-    fixed, _ = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3)
-    same, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3, policy=adaptive.fixed(3))
-    np.testing.assert_array_equal(fixed, same)  # the same keys draft the same tokens
+    plain, _ = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3)
+    same, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3, policy=fixed(3))
+    np.testing.assert_array_equal(plain, same)  # the same keys draft the same tokens
     assert (np.asarray(trace.k[:int(trace.n_steps)]) == 3).all()
-    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3, policy=adaptive.fixed(3, 0.5))
+    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 40, key, K=3, policy=fixed(3, 0.5))
     k, a, n = np.asarray(trace.k), np.asarray(trace.n_accepted), int(trace.n_steps)
     p = np.asarray(trace.p)
     assert 1 <= k[:n].min() and k[:n].max() <= 3 and (k[:n] < 3).any()
@@ -157,19 +162,19 @@ def test_choose_k_is_the_theorys_optimal_K_and_alpha_comes_from_the_trace():
     chosen = set()
     for c in (0.01, 0.1, 0.4):
         v = np.array([0.9, 1.0, 1.05, 1.2, 1.4, 1.7, 2.0, 2.4, 2.9])  # v(0): the target alone
-        policy = adaptive.Policy(jnp.float32(c), jnp.float32(v), 0.0)
+        policy = Policy(jnp.float32(c), jnp.float32(v), 0.0)
         for alpha in (0.05, 0.3, 0.6, 0.8, 0.95):  # much evidence: the posterior is alpha itself
             s, f = jnp.int32(round(alpha * 10**6)), jnp.int32(round((1 - alpha) * 10**6))
-            k = int(adaptive.choose_k(policy, s, f))
+            k = int(choose_k(policy, s, f))
             assert k == theory.optimal_K(alpha, c, lambda K: v[K], 8, K_min=0)
             chosen.add(k)
     assert 0 in chosen and len(chosen) > 2  # not drafting is among the choices the theory makes
-    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=adaptive.fixed(4),
+    _, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, jax.random.key(0), K=4, policy=fixed(4),
                                            temperature=0)
     n = int(trace.n_steps)
     s, f = np.asarray(trace.n_accepted[:n]).sum(), np.sum(np.asarray(trace.n_accepted[:n]) < 4)
-    assert tuple(int(x) for x in adaptive.evidence(trace)) == (s, f)  # at T = 0 beta is the outcome: 1 or 0
-    assert np.isclose(float(adaptive.alpha_estimate(trace)), (s + 1) / (s + f + 2))
+    assert tuple(int(x) for x in evidence(trace)) == (s, f)  # at T = 0 beta is the outcome: 1 or 0
+    assert np.isclose(float(alpha_estimate(trace)), (s + 1) / (s + f + 2))
     assert abs(theory.alpha_from_trace(trace.n_accepted[:n], 4) - s / (s + f)) < 1e-9
 
 
@@ -178,7 +183,7 @@ def test_the_evidence_at_T_above_0_is_each_judged_drafts_chance_of_acceptance():
     passes over the output (an accepted prefix is its context); control: the accept/reject counts."""
     prompt, T = [1, 4], 0.8
     out, trace = picospec.speculative_sample(DRAFT, TARGET, prompt, 40, jax.random.key(3), K=4,
-                                             policy=adaptive.fixed(4), temperature=T)
+                                             policy=fixed(4), temperature=T)
     x = np.concatenate([prompt, np.asarray(out)])
     p, q = (np.asarray(logits_to_probs(picospec.gpt2.logits(m, x), Sampling(T))) for m in (DRAFT, TARGET))
     beta = np.minimum(p, q).sum(-1)  # [len(x), V] -> [len(x)]: row j is the chance for the token at j + 1
@@ -186,7 +191,7 @@ def test_the_evidence_at_T_above_0_is_each_judged_drafts_chance_of_acceptance():
     for a in np.asarray(trace.n_accepted[:n]):
         judged = beta[start - 1:start - 1 + min(a + 1, 4)]  # d_0..d_a, each after the accepted ones
         successes, failures, start = successes + [judged.sum()], failures + (1 - judged).sum(), start + a + 1
-    got = [float(e) for e in adaptive.evidence(trace._replace(k=trace.k.at[n:].set(0)))]
+    got = [float(e) for e in evidence(trace._replace(k=trace.k.at[n:].set(0)))]
     np.testing.assert_allclose(got, [sum(successes), failures], rtol=1e-4)
     assert np.abs(np.subtract(successes, trace.n_accepted[:n])).max() > 0.5  # control: not the drafts accepted
 
@@ -196,7 +201,7 @@ def test_choose_k_takes_the_expectation_over_alpha_posterior():
     # numerically; with little evidence it differs from plugging in the posterior mean (the control).
     alpha = np.linspace(0, 1, 200001)
     v = np.array([np.inf, 1.0, 1.1, 1.1, 1.45, 1.45, 1.45, 1.45])  # never k = 0
-    policy = adaptive.Policy(jnp.float32(0.15), jnp.float32(v), 0.0)
+    policy = Policy(jnp.float32(0.15), jnp.float32(v), 0.0)
     plug_in_differs = False
     for s, f in [(0, 0), (1, 0), (2, 1), (5, 1), (9, 2), (30, 4)]:
         density = alpha**s * (1 - alpha) ** f
@@ -205,7 +210,7 @@ def test_choose_k_takes_the_expectation_over_alpha_posterior():
         tokens = np.array([np.trapezoid(density * (1 - alpha ** (j + 1)) / np.maximum(1 - alpha, 1e-12), alpha)
                            for j in k])
         best = k[np.argmax(tokens / (k * 0.15 + v[1:]))]
-        assert int(adaptive.choose_k(policy, jnp.int32(s), jnp.int32(f))) == best
+        assert int(choose_k(policy, jnp.int32(s), jnp.int32(f))) == best
         plug_in_differs |= theory.optimal_K((s + 1) / (s + f + 2), 0.15, lambda K: v[K], 7) != best
     assert plug_in_differs
 
@@ -224,7 +229,7 @@ def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowe
     drafts 7, which a batch of 4 finishes more than 5% later."""
     from picospec.batch import ROWS, together
     R, B = 64, 4
-    policy = adaptive.Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0),
+    policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0),
                              horizon=jnp.float32(R))  # never k = 0
     for alpha in (0.75, 0.89):
         s, f = jnp.float32(alpha * 1e6), jnp.float32((1 - alpha) * 1e6)  # much evidence: alpha itself
@@ -233,7 +238,7 @@ def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowe
             for r in range(1, R + 1):
                 E[k, r] = 1 + sum(P * E[k, max(r - t - 1, 0)] for t, P in enumerate(tokens_law(alpha, k)))
         times = V_B4[1:] * E[1:, R]  # [k - 1]
-        assert times[int(adaptive.choose_k(policy, s, f)) - 1] <= 1.02 * times.min(), alpha
+        assert times[int(choose_k(policy, s, f)) - 1] <= 1.02 * times.min(), alpha
 
     rng, batch_time = np.random.default_rng(0), []
     for k in range(1, 8):
@@ -245,17 +250,17 @@ def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowe
         batch_time.append(V_B4[k] * calls.mean())
     batch_time = np.array(batch_time)  # [k - 1]
     s, f = jnp.float32(0.89e6 / B), jnp.float32(0.11e6 / B)  # each row's share
-    ks = jax.vmap(lambda _: adaptive.choose_k(policy, s, f, together), axis_name=ROWS)(jnp.zeros(B))
+    ks = jax.vmap(lambda _: choose_k(policy, s, f, together), axis_name=ROWS)(jnp.zeros(B))
     assert len(set(ks.tolist())) == 1 and batch_time[int(ks[0]) - 1] <= 1.02 * batch_time.min()
     rate_alone = dataclasses.replace(policy, horizon=jnp.float32(np.inf))
-    assert int(adaptive.choose_k(rate_alone, 4 * s, 4 * f)) == 7 and batch_time[6] > 1.05 * batch_time.min()
+    assert int(choose_k(rate_alone, 4 * s, 4 * f)) == 7 and batch_time[6] > 1.05 * batch_time.min()
 
 
 @pytest.mark.slow
 def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
     """Rows that stop on their own confidence; `--K auto`'s rows choose k together instead (test above)."""
     prompts, keys = [[1, 4], [3, 3, 0, 5]], jax.random.split(jax.random.key(7), 2)
-    policy = adaptive.fixed(4, threshold=0.3)
+    policy = fixed(4, threshold=0.3)
     out, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, 12, keys, K=4, policy=policy)
     for b, prompt in enumerate(prompts):
         single, t = picospec.speculative_sample(DRAFT, TARGET, prompt, 12, keys[b], K=4, policy=policy)
@@ -267,11 +272,11 @@ def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_ca
 def test_not_drafting_needs_evidence_first_and_then_stays():
     """k = 0 waits for 16 judged drafts, or for fewer once drafting could not pay even at an optimistic alpha."""
     v = jnp.float32([0.5, 1.0, 1.1, 1.2])  # k = 0 wins at any alpha below ~0.8
-    policy = adaptive.Policy(jnp.float32(0.2), v, 0.0, evidence_to_stop=16)
-    assert int(adaptive.choose_k(policy, jnp.int32(0), jnp.int32(0))) > 0  # no evidence yet: draft
-    assert int(adaptive.choose_k(policy, jnp.int32(12), jnp.int32(1))) > 0  # 13 judged, alpha could pay
-    assert int(adaptive.choose_k(policy, jnp.int32(0), jnp.int32(3))) == 0  # 3 rejections: even 2 sd up it cannot
-    assert int(adaptive.choose_k(policy, jnp.int32(11), jnp.int32(5))) == 0  # 16 judged, alpha ~ 0.7: theory's k = 0
+    policy = Policy(jnp.float32(0.2), v, 0.0, evidence_to_stop=16)
+    assert int(choose_k(policy, jnp.int32(0), jnp.int32(0))) > 0  # no evidence yet: draft
+    assert int(choose_k(policy, jnp.int32(12), jnp.int32(1))) > 0  # 13 judged, alpha could pay
+    assert int(choose_k(policy, jnp.int32(0), jnp.int32(3))) == 0  # 3 rejections: even 2 sd up it cannot
+    assert int(choose_k(policy, jnp.int32(11), jnp.int32(5))) == 0  # 16 judged, alpha ~ 0.7: theory's k = 0
     key = jax.random.key(3)
     out, trace = picospec.speculative_sample(DRAFT, TARGET, [1, 4], 50, key, K=3, temperature=0, policy=policy)
     k, n = np.asarray(trace.k), int(trace.n_steps)
@@ -281,13 +286,47 @@ def test_not_drafting_needs_evidence_first_and_then_stays():
     np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, [1, 4], 50, key, temperature=0))
 
 
+def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
+    """The bundled pair's costs (ms, 64 tokens a row). One row, its prompt's prior (2, 1): the posterior
+    alone chooses k = 0, but alpha is so uncertain that looking pays, until too few tokens are left for
+    what it may find to pay back. Eight rows, their prompts' prior pooled (39, 11): no look pays, so the
+    draft stops before its first call (and is never prefilled); the control, the rule without a horizon,
+    looks first. Four rows at T = 0.8: the draft's prefill is what tips the first look; once paid, looks pay."""
+    one = Policy(jnp.float32(0), jnp.float32([1.26, 2.46, 2.77, 2.88, 3.85, 3.86, 4.16, 4.34]), jnp.float32(0),
+                 horizon=64.0, prefill=0.86)
+    assert int(choose_k(dataclasses.replace(one, evidence_to_stop=0), 2.0, 1.0)) == 0  # the posterior's choice
+    assert int(choose_k(one, 2.0, 1.0, first=True)) == 3  # worth a look
+    looks = [int(choose_k(one, 2.0, 1.0, made=made)) for made in range(0, 64, 4)]
+    assert looks[0] == 3 and looks[-1] == 0 and looks == sorted(looks, reverse=True)  # once not worth it, never
+    eight = Policy(jnp.float32(0), jnp.float32([2.72, 5.8, 8.14, 9.2, 13.32, 13.47, 14.13, 14.59]), jnp.float32(0),
+                   horizon=64.0, prefill=4.48)
+    rows8 = lambda x: 8 * x  # noqa: E731  a batch of 8 rows pools its evidence
+    assert int(choose_k(eight, 39 / 8, 11 / 8, rows8, first=True)) == 0
+    assert int(choose_k(dataclasses.replace(eight, horizon=jnp.inf), 39 / 8, 11 / 8, rows8, first=True)) > 0
+    four = Policy(jnp.float32(0), jnp.float32([1.84, 3.85, 4.85, 5.26, 7.14, 7.56, 8.34, 8.72]), jnp.float32(0),
+                  horizon=64.0, prefill=2.57)
+    rows4 = lambda x: 4 * x  # noqa: E731
+    assert int(choose_k(four, 5.0, 1.0, rows4, first=True)) == 0 and int(choose_k(four, 5.0, 1.0, rows4)) == 3
+
+
 @pytest.mark.slow
-def test_the_stopping_policy_does_stop_on_some_keys():
-    """The joint-law test above with STOPPING exercises k = 0: on some keys the second iteration drafts nothing."""
+@pytest.mark.parametrize("policy", [STOPPING, LOOKING])
+def test_the_stopping_policies_do_stop_on_some_keys(policy):
+    """The joint-law test above with STOPPING and LOOKING exercises k = 0: on some keys the second iteration
+    drafts nothing. LOOKING's keys that stop have too few judged drafts for evidence_to_stop, and would draft
+    on without a horizon: it is the look rule (worth_a_look) that stops them."""
     keys = jax.random.split(jax.random.key(2), 64)
-    traces = jax.vmap(lambda key: picospec.speculative_sample(DRAFT, TARGET, [1, 4], 3, key, K=3, temperature=1.0,
-                                                              policy=STOPPING)[1].k[1])(keys)
-    assert 0 < int(jnp.sum(traces == 0)) < 64
+    traces = jax.vmap(lambda key: picospec.speculative_sample(DRAFT, TARGET, [1, 4], 8, key, K=3, temperature=1.0,
+                                                              policy=policy)[1])(keys)
+    second = np.asarray(traces.n_steps) >= 2  # the keys that ran a second iteration
+    assert 0 < int(np.sum(second & (np.asarray(traces.k[:, 1]) == 0))) < int(np.sum(second))
+    if policy is LOOKING:
+        for b in np.flatnonzero(second & (np.asarray(traces.k[:, 1]) == 0)):
+            first = jax.tree_util.tree_map(lambda x: x[b], traces)
+            seen = evidence(first._replace(k=first.k.at[1:].set(0)))  # the first iteration's judged drafts
+            made = int(first.n_accepted[0]) + 1
+            assert int(choose_k(LOOKING, *seen, made=made)) == 0
+            assert int(choose_k(dataclasses.replace(LOOKING, horizon=jnp.inf), *seen, made=made)) > 0
 
 
 def test_a_batch_chooses_one_k_for_all_its_rows():
@@ -324,7 +363,7 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
     brings no failures. Greedy output stays the target's (the choice of k looks only at the past)."""
     from picospec.tools.cli.options import prompt_prior
     v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
-    policy, prompt, greedy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
+    policy, prompt, greedy = Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
     unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
     doubtful = prompt_prior(policy, unrelated, TARGET, [prompt], greedy)
     assert float(doubtful.prior[0]) < 2 and float(sum(doubtful.prior)) == len(prompt)
@@ -348,7 +387,7 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     from picospec.batch import ROWS, batch_buffers, batch_drafting, batch_start, in_batch
     from picospec.speculative import ModelDraft, start
     v, K = jnp.float32([1.0, 1.2, 1.4, 1.6]), 3
-    policy = adaptive.Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
+    policy = Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
     draft = adaptive.AdaptiveDraft(ModelDraft(DRAFT), policy)
     prefilled = lambda state: bool(jnp.any(state.draft_cache.k[0] != 0))  # noqa: E731
     tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 4], [3, 3, 0], [2], [5, 1]], 8, K, TARGET.config)
@@ -359,7 +398,7 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
         row = lambda x, n, key: start(row_draft, TARGET, x, n, key, K, prefill_len, max_len)  # noqa: E731
         return jax.vmap(row, axis_name=axis_name)(tokens, n_prompt, keys)
     batched = jax.jit(lambda: batch_start(draft, TARGET, tokens, n_prompt, keys, K, prefill_len, max_len))
-    assert int(adaptive.choose_k(policy, *policy.prior)) > 0  # one row alone drafts
+    assert int(choose_k(policy, *policy.prior)) > 0  # one row alone drafts
     for state in [starts(in_batch(draft), ROWS), batched()]:  # by hand, and as the batch and the stream start
         assert not prefilled(state) and not bool(batch_drafting(in_batch(draft), state))
     assert prefilled(starts(draft))  # the control: each row on its own prior would prefill

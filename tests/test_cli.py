@@ -16,7 +16,8 @@ import pytest
 from conftest import DATA, DEVICE
 
 import picospec
-from picospec.adaptive import AdaptiveDraft, Policy, choose_k
+from picospec.adaptive import AdaptiveDraft
+from picospec.policy import Policy, choose_k
 from picospec.sampling import Sampling
 from picospec.tools import cli
 from picospec.tools.cli import costs, options
@@ -63,7 +64,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes in it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here
     asked = []
-    timed = lambda *args: asked.append(args) or [2.0, 1.0, 1.2, 1.4]  # noqa: E731  test_costs_are_timed_once times it
+    timed = lambda *args: asked.append(args) or {"v": [2.0, 1.0, 1.2, 1.4], "prefill": 0.5}  # noqa: E731  timed: below
     monkeypatch.setattr(costs, "measure", timed)
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
@@ -79,7 +80,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
         assert s["bonus"] == (s["accepted"] == s["k"])
     if "auto" in flags:
         (measured,) = json.loads((tmp_path / "jit" / "costs.json").read_text()).values()
-        assert measured == [2.0, 1.0, 1.2, 1.4]  # kept beside the compile cache
+        assert measured == {"v": [2.0, 1.0, 1.2, 1.4], "prefill": 0.5}  # kept beside the compile cache
         assert [args[-1] for args in asked] == [True]  # timed as the stream runs an iteration (streamed)
 
 
@@ -101,14 +102,15 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "LAP_SECONDS", 0.01)
     draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
     seconds = costs.costs(draft, target, 3, 64, Sampling(0.8))
-    assert len(seconds) == 4 and all(t > 0 for t in seconds)  # seconds per iteration drafting k = 0, 1, 2, 3
+    assert len(seconds["v"]) == 4 and all(t > 0 for t in seconds["v"])  # seconds per iteration drafting k = 0..3
+    assert 0 < seconds["prefill"] < seconds["v"][3]  # the draft's prefill of a short prompt: less than 3 draft calls
     monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
     assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
     assert json.loads((tmp_path / "jit" / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
     monkeypatch.undo()
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
     streamed = costs.costs(draft, target, 3, 64, Sampling(0.8), streamed=True)  # its own entry, timed afresh
-    assert len(streamed) == 4 and all(t > 0 for t in streamed) and len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
+    assert len(streamed["v"]) == 4 and all(t > 0 for t in streamed["v"]) and len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
 
 
 def test_warming_up_runs_every_block_size_auto_may_score():

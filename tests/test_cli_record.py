@@ -44,7 +44,8 @@ RUNS = {
     "autoregressive": ["--mode", "autoregressive", *SAMPLED],
 }
 FAST = ["auto sampled, confidence"]  # the rest: test_batch, test_several, test_verifiers, and -m slow
-COSTS = [100.0, 1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9]  # ms per iteration drafting k = 0..7: auto's choices, fixed
+COSTS = {"v": [100.0, 1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9], "prefill": 1.0}  # drafting k = 0..7, the draft's prefill:
+# auto's choices, fixed
 
 
 def run(name: str) -> list[dict]:

@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 
 from picospec import autoregressive, gpt2, speculative
-from picospec.adaptive import AdaptiveDraft, adaptive_step, fixed
+from picospec.adaptive import AdaptiveDraft, adaptive_step
 from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
 from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
+from picospec.policy import fixed
 from picospec.several import BRANCHES
 from picospec.speculative import ModelDraft, speculative_step
 from picospec.tools import checks
@@ -25,7 +26,7 @@ from picospec.verifiers import RULES
 def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None, tree=None,
             children: str = "iid"):
     """The lesson's (draft, step, verify) for these options: the draft a Model or an NGramDraft, the
-    rule a name of verifiers.RULES, drafts the chains per call, policy an adaptive.Policy or None,
+    rule a name of verifiers.RULES, drafts the chains per call, policy a policy.Policy or None,
     tree a tree.Shape (its children chosen by `children`; the tree's own rule verifies it, or with
     several drafts, the tree of their branches (as_tree), the rule's form for chains)."""
     verify = RULES[rule]
@@ -64,7 +65,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
       verify: steps 3 and 4's rule, "match", "token" or "block" (verifiers.py); all three are lossless.
-      policy: an adaptive.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
+      policy: a policy.Policy: draft up to K tokens, fewer when its rules say so (None: always K).
       drafts: N independent draft chains verified together (several.py; match or token, no policy).
       tree: a tree.Shape: the draft's guesses as a tree of that shape, scored in one call (K is then
         its number of nodes M); children: how they are chosen, "iid", "top" or "distinct" (tree.py).

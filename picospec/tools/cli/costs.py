@@ -1,5 +1,6 @@
-"""The costs `--K auto` weighs (picospec/adaptive.py): the time of one speculative iteration that
-drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch of B rows.
+"""The costs `--K auto` weighs (picospec/policy.py): the time of one speculative iteration that
+drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch of B rows, and of the
+draft's prefill (what a first look at alpha pays beyond its iteration; a policy that stops at once skips it).
 
 They depend on the machine, the pair, the batch size and how tokens are sampled, not on the prompt,
 so they are timed once, at start-up, and kept in costs.json in the compile cache's folder (jit_cache.py),
@@ -34,6 +35,7 @@ import numpy as np
 from picospec import adaptive
 from picospec.batch import ROWS, in_batch
 from picospec.gpt2 import Model
+from picospec.policy import Policy
 from picospec.sampling import Sampling
 from picospec.score_first import score_sizes
 from picospec.speculative import start, target_alone
@@ -98,15 +100,17 @@ LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
 
 
 def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1, streamed: bool = False,
-            rounds: int = 5) -> list:
-    """[seconds per iteration of B rows that drafts k, for k = 0..K_max], timed now: each k runs n iterations
+            rounds: int = 5) -> dict:
+    """{"v": [seconds per iteration of B rows that drafts k, for k = 0..K_max], "prefill": seconds of the
+    draft's prefill of B prompts of 16 tokens (what a short prompt is padded to)}, timed now: each k runs n iterations
     a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
-    rounds of each k's time over k = 0's in the same round, times k = 0's median. streamed: each plus what
-    a call and a read of its report per iteration add, the k = 0 lap run so against in one call."""
+    rounds of each k's time over k = 0's in the same round, times k = 0's median, and so the prefill's.
+    streamed: each plus what a call and a read of its report per iteration add, the k = 0 lap run so
+    against in one call."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
 
-    wrapped, step, _ = plug_in(draft, target, K_max, policy=adaptive.Policy(jnp.float32(0), jnp.ones(K_max + 1),
+    wrapped, step, _ = plug_in(draft, target, K_max, policy=Policy(jnp.float32(0), jnp.ones(K_max + 1),
                                                                              jnp.float32(0), 0))
     forced = partial(force, wrapped)
     state = jax.vmap(lambda key: start(wrapped, target, jnp.ones(capacity, jnp.int32), P, key, K_max, P, capacity))(
@@ -123,20 +127,26 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
             return jax.block_until_ready(s)
         return laps
 
+    short = min(16, capacity)
+    fill = jax.jit(jax.vmap(lambda tokens: wrapped.draft.prefill(tokens, short, short, capacity)))
+
+    def prefills(n):
+        return lambda: [jax.block_until_ready(fill(state.tokens)) for _ in range(n)]
+
     runs, calls = {}, {}
-    for k in range(K_max + 1):
+    for name, laps in [(str(k), partial(run, k)) for k in range(K_max + 1)] + [("prefill", prefills)]:
         n = 1
-        while race_laps(1, once=run(k, n))[0][0]["once"] < LAP_SECONDS:
+        while race_laps(1, once=laps(n))[0][0]["once"] < LAP_SECONDS:
             n *= 2
-        runs[str(k)], calls[str(k)] = run(k, n), n
+        runs[name], calls[name] = laps(n), n
     if streamed:  # k = 0 once more, one call an iteration: what streaming adds to every iteration
         runs["per call"], calls["per call"] = run(0, calls["0"], per=1), calls["0"]
     laps, _ = race_laps(rounds, **runs)
     per_call = [{k: lap[k] / calls[k] for k in runs} for lap in laps]
     alone = statistics.median(t["0"] for t in per_call)
     extra = statistics.median(t["per call"] - t["0"] for t in per_call) if streamed else 0.0
-    return never_less([extra + alone * statistics.median(t[str(k)] / t["0"] for t in per_call)
-                       for k in range(K_max + 1)])
+    relative = {name: alone * statistics.median(t[name] / t["0"] for t in per_call) for name in runs}
+    return {"v": never_less([extra + relative[str(k)] for k in range(K_max + 1)]), "prefill": relative["prefill"]}
 
 
 def never_less(v: list) -> list:
@@ -152,7 +162,7 @@ def never_less(v: list) -> list:
 
 
 def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1,
-          streamed: bool = False) -> list:
+          streamed: bool = False) -> dict:
     """measure(...), or what an earlier run on this machine measured for the same pair and sizes."""
     device = jax.devices()[0]
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
@@ -164,7 +174,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
         known = json.loads(path.read_text()) if path and path.exists() else {}
     except (OSError, ValueError):
         known = {}  # unreadable: time it again and write it afresh
-    if key not in known:
+    if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
         known[key] = measure(draft, target, K_max, capacity, sampling, B, streamed)
         if path:
             try:
@@ -176,8 +186,10 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
 
 
 def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
-                threshold: float = 0.0, B: int = 1, streamed: bool = False) -> adaptive.Policy:
+                threshold: float = 0.0, B: int = 1, streamed: bool = False) -> Policy:
     """The Policy for `--K auto` on B rows: this machine's iteration times (c = 0, v(k) = an iteration
-    drafting k, k = 0..K_max, in milliseconds; streamed: as the CLI runs it), and the confidence threshold."""
+    drafting k, k = 0..K_max, in milliseconds; streamed: as the CLI runs it), the draft's prefill, and the
+    confidence threshold."""
     seconds = costs(draft, target, K_max, capacity, sampling, B, streamed)
-    return adaptive.Policy(jnp.float32(0), jnp.float32(np.asarray(seconds) * 1e3), jnp.float32(threshold))
+    return Policy(jnp.float32(0), jnp.float32(np.asarray(seconds["v"]) * 1e3), jnp.float32(threshold),
+                           prefill=jnp.float32(seconds["prefill"] * 1e3))

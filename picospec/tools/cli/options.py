@@ -9,11 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec import adaptive, tree_theory
+from picospec import tree_theory
 from picospec.batch import batch_buffers
 from picospec.dynamic import Grown, calibration, grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model, logits
+from picospec.policy import Policy, fixed
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli.costs import auto_policy
@@ -80,7 +81,7 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
 
 
 def make_policy(args, draft, target, prompts):
-    """The adaptive.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
+    """The policy.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
     them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position counts as
     a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
     then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
@@ -91,10 +92,10 @@ def make_policy(args, draft, target, prompts):
         policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
         policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
         return prompt_prior(policy, draft, target, prompts, sampling)
-    return adaptive.fixed(args.K, args.confidence) if args.confidence > 0 else None
+    return fixed(args.K, args.confidence) if args.confidence > 0 else None
 
 
-def prompt_prior(policy: adaptive.Policy, draft, target, prompts, sampling: Sampling) -> adaptive.Policy:
+def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
     """The policy with a row's share of the beta at every prompt position as its prior evidence."""
     p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1)
     if p is None:

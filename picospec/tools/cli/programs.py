@@ -29,11 +29,12 @@ import jaxlib
 from jax import export
 
 import picospec
-from picospec.adaptive import AdaptiveDraft, Policy
+from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import DecodeState
 from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.ngram import NGramDraft
+from picospec.policy import Policy
 from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace

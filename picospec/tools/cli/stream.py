@@ -128,7 +128,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
            policy=None, drafts: int = 1, tree=None, children: str = "iid") -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
-    single-prompt call with keys[b] would). policy: an adaptive.Policy (K is then K_max); drafts: N
+    single-prompt call with keys[b] would). policy: a policy.Policy (K is then K_max); drafts: N
     chains a call (several.py); tree, children: a tree.Shape of K nodes and how they are chosen (tree.py)."""
     timing = timing or Timing()
     if draft is not None:
