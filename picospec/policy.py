@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from picospec.score_first import own
 from picospec.state import Trace
 
-EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') before k = 0 may be chosen: it is final
+EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen; before, only
+# when no look pays (worth_a_look) or drafting is hopeless
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior",
@@ -81,10 +82,12 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     K = policy.v.shape[0] - 1
     j = jnp.arange(K + 1)  # [K+1]
     moments = jnp.cumprod(jnp.where(j > 0, (successes + j) / (successes + failures + 1.0 + j), 1.0))  # E[alpha^j]
-    rate = 1 / time_per_token(policy, moments, pool(1.0), policy.horizon)  # [K+1]
     B = pool(1.0)  # the rows stepped together
-    stop = may_stop(policy, pool(successes), pool(failures), B, policy.horizon - pool(made) / B, first)
-    return jnp.argmax(pool(rate.at[0].set(jnp.where(stop, rate[0], -jnp.inf)))).astype(jnp.int32)
+    rate = pool(1 / time_per_token(policy, moments, B, policy.horizon))  # [K+1]
+    best, drafting = jnp.argmax(rate), 1 + jnp.argmax(rate[1:])
+    stop = jax.lax.cond(best == 0, lambda: may_stop(policy, pool(successes), pool(failures), B,  # asked only then
+                                                    policy.horizon - pool(made) / B, first), lambda: jnp.array(False))
+    return jnp.where((best > 0) | stop, best, drafting).astype(jnp.int32)
 
 
 def time_per_token(policy: Policy, moments, B, R):
@@ -115,6 +118,9 @@ def may_stop(policy: Policy, successes, failures, B=1.0, R=float("inf"), first=F
     return enough | hopeless | ~worth_a_look(policy, successes, failures, B, R, first)
 
 
+GRID = 256  # points
+
+
 def worth_a_look(policy: Policy, successes, failures, B, R, first):
     """bool []: drafting on may pay for what it tells of alpha (a batch: all its rows, R more tokens each).
     k = 0 is final, so it waits until no number m of further looks would pay for itself (the knowledge
@@ -124,7 +130,7 @@ def worth_a_look(policy: Policy, successes, failures, B, R, first):
     N / (a + b + N)), and the loop drafts (or not) by it: worth E[max(0, T_0 - min_k T_k)] over it,
     T_k the time to finish drafting k a call. Each look costs what its tokens take beyond the target's
     own steps for as many; the first also runs the draft's prefill (policy.prefill). Unknown R: worth it."""
-    alpha = (jnp.arange(256) + 0.5) / 256  # [G]: a grid
+    alpha = (jnp.arange(GRID) + 0.5) / GRID  # [G]: alpha's values, for expectations over its laws
     moments = alpha[:, None] ** jnp.arange(policy.v.shape[0])  # [G, K+1] alpha^j
     R = jnp.maximum(R, 1.0)
     per_token = time_per_token(policy, moments, B, R)  # [G, K+1]
