@@ -27,7 +27,7 @@ POLICY = Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.fl
 # whose d_0 was accepted stop drafting at the second iteration, the others later.
 STOPPING = Policy(jnp.float32(0.2), jnp.float32([0.8, 1.0, 1.0, 1.0]), jnp.float32(0), evidence_to_stop=2)
 # With 64 tokens a row in view, a first look pays, and after it k = 0 or not by what it found (worth_a_look):
-LOOKING = Policy(jnp.float32(0), jnp.float32([0.6, 1.0, 1.1, 1.2]), jnp.float32(0), horizon=64.0)
+LOOKING = Policy(jnp.float32(0), jnp.float32([0.6, 1.0, 1.1, 1.2]), jnp.float32(0), horizon=64.0, evidence_to_stop=4)
 
 
 def padded_block_law(d, p, q):
@@ -288,13 +288,17 @@ def test_not_drafting_needs_evidence_first_and_then_stays():
 
 def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
     """The bundled pair's costs (ms, 64 tokens a row). One row, its prompt's prior (2, 1): the posterior
-    alone chooses k = 0, but alpha is so uncertain that looking pays, until too few tokens are left for
-    what it may find to pay back. Eight rows, their prompts' prior pooled (39, 11): no look pays, so the
-    draft stops before its first call (and is never prefilled); the control, the rule without a horizon,
-    looks first. Four rows at T = 0.8: the draft's prefill is what tips the first look; once paid, looks pay."""
+    alone chooses k = 0, but 3 judged drafts are too few to weigh a look on (half of evidence_to_stop),
+    so it drafts; weighed (evidence_to_stop = 6), alpha is so uncertain that looking pays, until too few
+    tokens are left for what it may find to pay back. Eight rows, their prompts' prior pooled (39, 11):
+    no look pays, so the draft stops before its first call (and is never prefilled); the control, the
+    rule without a horizon, looks first. Four rows at T = 0.8, (20, 4) weighed: the draft's prefill is
+    what tips the first look; once paid, looks pay."""
     one = Policy(jnp.float32(0), jnp.float32([1.26, 2.46, 2.77, 2.88, 3.85, 3.86, 4.16, 4.34]), jnp.float32(0),
                  horizon=64.0, prefill=0.86)
     assert int(choose_k(dataclasses.replace(one, evidence_to_stop=0), 2.0, 1.0)) == 0  # the posterior's choice
+    assert int(choose_k(one, 2.0, 1.0, first=True)) == 3 == int(choose_k(one, 2.0, 1.0, made=60))  # too few to weigh
+    one = dataclasses.replace(one, evidence_to_stop=6)
     assert int(choose_k(one, 2.0, 1.0, first=True)) == 3  # worth a look
     looks = [int(choose_k(one, 2.0, 1.0, made=made)) for made in range(0, 64, 4)]
     assert looks[0] == 3 and looks[-1] == 0 and looks == sorted(looks, reverse=True)  # once not worth it, never
@@ -304,7 +308,7 @@ def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
     assert int(choose_k(eight, 39 / 8, 11 / 8, rows8, first=True)) == 0
     assert int(choose_k(dataclasses.replace(eight, horizon=jnp.inf), 39 / 8, 11 / 8, rows8, first=True)) > 0
     four = Policy(jnp.float32(0), jnp.float32([1.84, 3.85, 4.85, 5.26, 7.14, 7.56, 8.34, 8.72]), jnp.float32(0),
-                  horizon=64.0, prefill=2.57)
+                  horizon=64.0, prefill=2.57, evidence_to_stop=32)
     rows4 = lambda x: 4 * x  # noqa: E731
     assert int(choose_k(four, 5.0, 1.0, rows4, first=True)) == 0 and int(choose_k(four, 5.0, 1.0, rows4)) == 3
 
