@@ -20,7 +20,7 @@ from picospec.adaptive import AdaptiveDraft
 from picospec.policy import Policy, choose_k
 from picospec.sampling import Sampling
 from picospec.tools import cli
-from picospec.tools.cli import costs, options
+from picospec.tools.cli import cost_model, costs, options
 from picospec.tools.cli.picture import DPI, figure_size
 from picospec.tools.cli.show import show
 from picospec.tools.cli.stream import Step
@@ -88,12 +88,25 @@ def test_timed_costs_never_fall_as_k_grows_and_stay_closest_to_the_laps():
     """A noisy lap that times k = 6 below k = 5 is pooled with it (least squares), not left to make a
     longer draft look cheaper; monotone costs are kept as they are."""
     laps = [1.3, 3.0, 3.4, 3.5, 4.3, 4.5, 4.2, 4.8]
-    smooth = costs.never_less(laps)
+    smooth = cost_model.never_less(laps)
     assert all(a <= b for a, b in zip(smooth, smooth[1:])) and smooth[5] == smooth[6] == pytest.approx(4.35)
     assert smooth[:5] == laps[:5] and smooth[7] == laps[7] and sum(smooth) == pytest.approx(sum(laps))
-    assert costs.never_less(laps[:5]) == laps[:5]
-    assert costs.never_less([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]  # the control: all pooled, a cumulative max is not
-    assert np.maximum.accumulate([3.0, 2.0, 1.0]).tolist() != costs.never_less([3.0, 2.0, 1.0])
+    assert cost_model.never_less(laps[:5]) == laps[:5]
+    assert cost_model.never_less([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]  # the control: all pooled, a cumulative max is not
+    assert np.maximum.accumulate([3.0, 2.0, 1.0]).tolist() != cost_model.never_less([3.0, 2.0, 1.0])
+
+
+def test_timed_costs_take_the_shape_of_an_iteration():
+    """Within one block the target scores (k + 1 <= 2, 4, 8 at K_max = 7), each draft adds the same c: costs
+    of that shape are kept as they are; a lap that timed k = 7 10% slow is spread over the k that share c, so k = 7
+    is no longer the one that looks dear (the control: never_less alone keeps the slow lap)."""
+    shaped = [1.0] + [2.0 + 0.3 * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    np.testing.assert_allclose(cost_model.per_block(shaped), shaped)
+    slow = shaped[:7] + [shaped[7] * 1.1]
+    fitted = cost_model.never_less(cost_model.per_block(slow))
+    assert abs(fitted[7] - shaped[7]) < 0.7 * abs(slow[7] - shaped[7]) and fitted[:2] == pytest.approx(shaped[:2])
+    assert fitted[7] - fitted[6] == pytest.approx(fitted[5] - fitted[4])  # one c within the block
+    assert cost_model.never_less(slow) == slow  # the control
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from picospec.policy import Policy
 from picospec.sampling import Sampling
 from picospec.score_first import score_sizes
 from picospec.speculative import start, target_alone
+from picospec.tools.cli.cost_model import never_less, per_block
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tools.cli.programs import source_digest
 from picospec.tools.samplers import plug_in
@@ -105,7 +106,8 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     draft's prefill of B prompts of 16 tokens (what a short prompt is padded to)}, timed now: each k runs n iterations
     a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
     bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
-    rounds of each k's time over k = 0's in the same round, times k = 0's median, and so the prefill's.
+    rounds of each k's time over k = 0's in the same round, times k = 0's median, and so the prefill's;
+    v then given the shape an iteration's time has (cost_model.py).
     streamed: each plus what a call and a read of its report per iteration add, the k = 0 lap run so
     against in one call."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
@@ -146,19 +148,8 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     alone = statistics.median(t["0"] for t in per_call)
     extra = statistics.median(t["per call"] - t["0"] for t in per_call) if streamed else 0.0
     relative = {name: alone * statistics.median(t[name] / t["0"] for t in per_call) for name in runs}
-    return {"v": never_less([extra + relative[str(k)] for k in range(K_max + 1)]), "prefill": relative["prefill"]}
-
-
-def never_less(v: list) -> list:
-    """The closest v (least squares) in which drafting more never costs less (pool adjacent violators): a
-    noisy lap that times k = 6 below k = 5 would make auto draft 6 for less than it pays for 5."""
-    blocks = []  # [mean, count] of runs of k pooled together
-    for x in v:
-        blocks.append([x, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (a, m), (b, n) = blocks.pop(-2), blocks.pop()
-            blocks.append([(a * m + b * n) / (m + n), m + n])
-    return [mean for mean, count in blocks for _ in range(count)]
+    timed = [extra + relative[str(k)] for k in range(K_max + 1)]
+    return {"v": never_less(per_block(timed)), "prefill": relative["prefill"]}
 
 
 def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1,
