@@ -294,23 +294,24 @@ def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
     no look pays, so the draft stops before its first call (and is never prefilled); the control, the
     rule without a horizon, looks first. Four rows at T = 0.8, (20, 4) weighed: the draft's prefill is
     what tips the first look; once paid, looks pay."""
+    chosen = jax.jit(choose_k, static_argnames="pool")  # one program for every policy and pool below
     one = Policy(jnp.float32(0), jnp.float32([1.26, 2.46, 2.77, 2.88, 3.85, 3.86, 4.16, 4.34]), jnp.float32(0),
                  horizon=64.0, prefill=0.86)
-    assert int(choose_k(dataclasses.replace(one, evidence_to_stop=0), 2.0, 1.0)) == 0  # the posterior's choice
-    assert int(choose_k(one, 2.0, 1.0, first=True)) == 3 == int(choose_k(one, 2.0, 1.0, made=60))  # too few to weigh
+    assert int(chosen(dataclasses.replace(one, evidence_to_stop=0), 2.0, 1.0)) == 0  # the posterior's choice
+    assert int(chosen(one, 2.0, 1.0, first=True)) == 3 == int(chosen(one, 2.0, 1.0, made=60))  # too few to weigh
     one = dataclasses.replace(one, evidence_to_stop=6)
-    assert int(choose_k(one, 2.0, 1.0, first=True)) == 3  # worth a look
-    looks = [int(choose_k(one, 2.0, 1.0, made=made)) for made in range(0, 64, 4)]
+    assert int(chosen(one, 2.0, 1.0, first=True)) == 3  # worth a look
+    looks = [int(chosen(one, 2.0, 1.0, made=made)) for made in range(0, 64, 4)]
     assert looks[0] == 3 and looks[-1] == 0 and looks == sorted(looks, reverse=True)  # once not worth it, never
     eight = Policy(jnp.float32(0), jnp.float32([2.72, 5.8, 8.14, 9.2, 13.32, 13.47, 14.13, 14.59]), jnp.float32(0),
                    horizon=64.0, prefill=4.48)
     rows8 = lambda x: 8 * x  # noqa: E731  a batch of 8 rows pools its evidence
-    assert int(choose_k(eight, 39 / 8, 11 / 8, rows8, first=True)) == 0
-    assert int(choose_k(dataclasses.replace(eight, horizon=jnp.inf), 39 / 8, 11 / 8, rows8, first=True)) > 0
+    assert int(chosen(eight, 39 / 8, 11 / 8, rows8, first=True)) == 0
+    assert int(chosen(dataclasses.replace(eight, horizon=jnp.inf), 39 / 8, 11 / 8, rows8, first=True)) > 0
     four = Policy(jnp.float32(0), jnp.float32([1.84, 3.85, 4.85, 5.26, 7.14, 7.56, 8.34, 8.72]), jnp.float32(0),
                   horizon=64.0, prefill=2.57, evidence_to_stop=32)
     rows4 = lambda x: 4 * x  # noqa: E731
-    assert int(choose_k(four, 5.0, 1.0, rows4, first=True)) == 0 and int(choose_k(four, 5.0, 1.0, rows4)) == 3
+    assert int(chosen(four, 5.0, 1.0, rows4, first=True)) == 0 and int(chosen(four, 5.0, 1.0, rows4)) == 3
 
 
 @pytest.mark.slow
