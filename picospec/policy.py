@@ -117,12 +117,11 @@ def may_stop(policy: Policy, successes, failures, B=1.0, R=float("inf"), first=F
     tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
     hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
     judged = successes + failures + 0.5  # a count of drafts, summed in floats
-    weighed = judged > policy.evidence_to_stop / 2  # enough to weigh a look: the prompts alone may not be
-    return (judged > policy.evidence_to_stop) | hopeless | (weighed & ~worth_a_look(policy, successes, failures, B, R,
-                                                                                  first))
+    no_look_pays = (judged > policy.evidence_to_stop / 2) & ~worth_a_look(policy, successes, failures, B, R, first)
+    return (judged > policy.evidence_to_stop) | hopeless | no_look_pays
 
 
-GRID = 256  # points
+GRID = 256  # points on [0, 1]: worth_a_look's expectations over alpha are sums over them
 
 
 def worth_a_look(policy: Policy, successes, failures, B, R, first):
