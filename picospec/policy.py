@@ -135,6 +135,7 @@ def worth_a_look(policy: Policy, successes, failures, B, R, first):
     own steps for as many; the first also runs the draft's prefill (policy.prefill). Unknown R: worth it."""
     alpha = (jnp.arange(GRID) + 0.5) / GRID  # [G]: alpha's values, for expectations over its laws
     moments = alpha[:, None] ** jnp.arange(policy.v.shape[0])  # [G, K+1] alpha^j
+    tokens = jnp.cumsum(moments, -1)  # [G, K+1] tokens per call drafting k, at each alpha
     R = jnp.maximum(R, 1.0)
     per_token = time_per_token(policy, moments, B, R)  # [G, K+1]
     saving = R * jnp.maximum(per_token[:, 0] - jnp.min(per_token[:, 1:], -1), 0.0)  # [G]: drafting's, at alpha
@@ -145,9 +146,9 @@ def worth_a_look(policy: Policy, successes, failures, B, R, first):
     a, b = successes + 1.0, failures + 1.0
     now = beta(a / (a + b), a + b)  # alpha's posterior
     k = 1 + jnp.argmin(now @ per_token[:, 1:])  # the look
-    cost = now @ (jnp.cumsum(moments, -1)[:, k] * (per_token[:, k] - per_token[:, 0]))
+    cost = now @ (tokens[:, k] * (per_token[:, k] - per_token[:, 0]))
     m = 2.0 ** jnp.arange(7)  # [M] looks: 1..64
-    N = m * B * (now @ jnp.cumsum(moments, -1)[:, k - 1])  # [M] drafts they judge
+    N = m * B * (now @ tokens[:, k - 1])  # [M] drafts they judge (to the first rejection)
     later = jax.vmap(lambda N: beta(a / (a + b), (a + b + 1) * (a + b + N) / N - 1))(N)  # [M, G]
     value = jnp.max(later @ saving - m * cost)
     return jnp.isinf(R) | (value > jnp.where(first, policy.prefill, 0.0))

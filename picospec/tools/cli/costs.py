@@ -113,7 +113,7 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
 
     wrapped, step, _ = plug_in(draft, target, K_max, policy=Policy(jnp.float32(0), jnp.ones(K_max + 1),
-                                                                             jnp.float32(0), 0))
+                                                                     jnp.float32(0), 0))
     forced = partial(force, wrapped)
     state = jax.vmap(lambda key: start(wrapped, target, jnp.ones(capacity, jnp.int32), P, key, K_max, P, capacity))(
         jax.random.split(jax.random.key(0), B))
@@ -183,4 +183,4 @@ def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampl
     confidence threshold."""
     seconds = costs(draft, target, K_max, capacity, sampling, B, streamed)
     return Policy(jnp.float32(0), jnp.float32(np.asarray(seconds["v"]) * 1e3), jnp.float32(threshold),
-                           prefill=jnp.float32(seconds["prefill"] * 1e3))
+                  prefill=jnp.float32(seconds["prefill"] * 1e3))
