@@ -4,6 +4,7 @@ tokens; what the program was built from changes its files; a damaged file is reb
 
 import json
 import threading
+from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,29 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
     with pytest.raises(AssertionError, match="compiled again"):
         run_cli(capsys, *RUN)
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", "off")
+    monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())  # nothing this process built before
+    with pytest.raises(AssertionError, match="traced again"):
+        run_cli(capsys, *RUN)
+
+
+def test_with_the_folder_off_a_process_runs_its_own_programs_again(capsys, monkeypatch):
+    """PICOSPEC_JIT_CACHE=off writes nothing, and a later run in the same process (a notebook's) reuses
+    the programs it built, the newest KEPT_HERE of them; another static option is another program."""
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", "off")
+    monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())
+    code, first, _ = run_cli(capsys, *RUN)
+    assert code == 0 and len(programs.BUILT_HERE) == 2  # the batched start and one iteration
+    export = programs.export.export
+    monkeypatch.setattr(programs.export, "export", traced_again)
+    code, again, _ = run_cli(capsys, *RUN)
+    assert code == 0 and json.loads(again)["tokens"] == json.loads(first)["tokens"]
+    other_K = [x if x != "3" else "2" for x in RUN]
+    with pytest.raises(AssertionError, match="traced again"):  # the control: K is static
+        run_cli(capsys, *other_K)
+    monkeypatch.setattr(programs.export, "export", export)
+    monkeypatch.setattr(programs, "KEPT_HERE", 2)
+    assert run_cli(capsys, *other_K)[0] == 0 and len(programs.BUILT_HERE) == 2  # K = 3's were let go
+    monkeypatch.setattr(programs.export, "export", traced_again)
     with pytest.raises(AssertionError, match="traced again"):
         run_cli(capsys, *RUN)
 

@@ -12,7 +12,8 @@ export (executables.py): a run that finds both neither traces nor compiles.
 
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
 is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
-KB to a few MB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
+KB to a few MB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off: then a process
+keeps the last few programs it built in memory, for a later run in the same process (a notebook's).
 """
 
 import dataclasses
@@ -21,6 +22,7 @@ import importlib
 import json
 import os
 import sys
+from collections import OrderedDict
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -115,14 +117,19 @@ def digest(fn, args, static: dict, donate) -> str:
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
+BUILT_HERE: OrderedDict = OrderedDict()  # with no cache folder: this process's programs by digest, newest last
+KEPT_HERE = 8  # a run uses two to four; each compiled program holds its own memory
+
+
 def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     """fn(*args, **static) compiled: the executable an earlier run saved, or compiled now from the exported
     program an earlier run saved, or traced, exported and compiled now (each saved for the next run).
     donate: the positions of arguments whose buffers it may reuse."""
     folder, name = cache_folder(), digest(fn, args, static, donate)
-    path = folder / "programs" / f"{name}.jaxexport" if folder else None
-    if path:
-        remember(path.parent, name)
+    if folder is None:
+        return built_here(name, fn, args, static, donate)
+    path = folder / "programs" / f"{name}.jaxexport"
+    remember(path.parent, name)
     program = read(path, export.deserialize)
     if program is not None:
         executable = read(path.with_suffix(".xla"), partial(load_executable, name=name, program=program, args=args))
@@ -131,8 +138,6 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     if program is None:
         program = export.export(jax.jit(partial(fn, **static)))(*args)
         write(path, program.serialize())
-    if path is None:
-        return jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
     with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
         program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
     try:
@@ -141,6 +146,17 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     except Exception:  # noqa: BLE001 a platform that cannot serialize it: compile it from the export each run
         pass
     return program_compiled
+
+
+def built_here(name: str, fn, args: tuple, static: dict, donate):
+    """compiled(...) with nothing on disk: exported and compiled now, or as this process did already."""
+    if name not in BUILT_HERE:
+        program = export.export(jax.jit(partial(fn, **static)))(*args)
+        BUILT_HERE[name] = jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
+        while len(BUILT_HERE) > KEPT_HERE:
+            BUILT_HERE.popitem(last=False)
+    BUILT_HERE.move_to_end(name)
+    return BUILT_HERE[name]
 
 
 def read(path, load):
