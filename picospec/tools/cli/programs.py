@@ -136,7 +136,7 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
         if executable is not None:
             return executable
     if program is None:
-        program = export.export(jax.jit(partial(fn, **static)))(*args)
+        program = exported(fn, args, static)
         write(path, program.serialize())
     with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
         program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
@@ -148,11 +148,14 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     return program_compiled
 
 
+def exported(fn, args: tuple, static: dict) -> export.Exported:  # traced and lowered: the part a saved program skips
+    return export.export(jax.jit(partial(fn, **static)))(*args)
+
+
 def built_here(name: str, fn, args: tuple, static: dict, donate):
     """compiled(...) with nothing on disk: exported and compiled now, or as this process did already."""
     if name not in BUILT_HERE:
-        program = export.export(jax.jit(partial(fn, **static)))(*args)
-        BUILT_HERE[name] = jax.jit(program.call, donate_argnums=donate).lower(*args).compile()
+        BUILT_HERE[name] = jax.jit(exported(fn, args, static).call, donate_argnums=donate).lower(*args).compile()
         while len(BUILT_HERE) > KEPT_HERE:
             BUILT_HERE.popitem(last=False)
     BUILT_HERE.move_to_end(name)
