@@ -38,15 +38,16 @@ class AdaptiveDraft:
 
     draft: object  # a ModelDraft, or a draft with nothing to save by stopping (ngram.NGramDraft)
     policy: Policy
-    agree: Callable = own  # in a batch, rows draft and are scored as far as the furthest needs
-    pool: Callable = own  # in a batch, the rows choose one k together (choose_k)
+    agree: Callable = own  # in a batch, the largest over the rows: they draft and are scored as far as the furthest
+    # needs, and choose the k that finishes the slowest soonest (choose_k)
+    pool: Callable = own  # in a batch, the sum over the rows: the evidence they judged together (choose_k)
 
     def choose_k(self, trace: Trace):  # choose_k from the policy's prior and the trace's evidence so far
         successes, failures = evidence(trace)
         first = self.pool(successes + failures) == 0  # nothing judged yet: the draft has not run
         made = jnp.sum(trace.n_accepted) + trace.n_steps  # tokens: each iteration's accepted and one more
         return choose_k(self.policy, successes + self.policy.prior[0], failures + self.policy.prior[1], self.pool,
-                        made, first)
+                        made, first, self.agree)
 
     @property
     def may_stop(self) -> bool:  # a policy that weighs k = 0 may choose it, for good
@@ -62,7 +63,8 @@ class AdaptiveDraft:
         if not self.policy.auto:
             return prefill()
         empty = lambda: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(prefill))  # noqa: E731
-        return jax.lax.cond(choose_k(self.policy, *self.policy.prior, self.pool, first=True) == 0, empty, prefill)
+        stop = choose_k(self.policy, *self.policy.prior, self.pool, first=True, slowest=self.agree) == 0
+        return jax.lax.cond(stop, empty, prefill)
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""

@@ -15,8 +15,8 @@ the row's length (stale slots) and are never read again.
 
 So row b of the batch is `speculative_sample(draft, target, prompts[b], n_tokens, keys[b])`: the same
 tokens and the same decisions; the recorded probabilities agree to float32 rounding (a batched product
-may add in another order). The one exception is by design: `--K auto` chooses one k for all the rows
-(`together`), the best for the batch rather than for each row alone. Only the buffers are padded to
+may add in another order). The one exception is by design: `--K auto` chooses one k for all the rows,
+the one that finishes the batch soonest rather than the best for each row alone. Only the buffers are padded to
 the longest row; the padding is never read.
 (picospec.tools.samplers holds the entry points that check the inputs, memory and devices first.)
 """
@@ -66,13 +66,14 @@ ROWS = "rows"  # the vmapped axis's name
 
 def furthest(k):
     """The largest k of the rows stepped together: in a batch, an AdaptiveDraft drafts, and the target
-    scores, as far as the row that goes furthest needs (each row keeps its own drafts)."""
+    scores, as far as the row that goes furthest needs (each row keeps its own drafts); and `--K auto`
+    weighs each k by the time its slowest row would take, the batch's."""
     return jax.lax.pmax(k, ROWS)
 
 
 def together(x):
-    """The sum over the rows stepped together: in a batch, `--K auto` weighs every row's expected tokens
-    for each k against the batch's cost of that k, and all rows draft the k best for them all."""
+    """The sum over the rows stepped together: in a batch, `--K auto` counts the drafts all rows judged
+    (before k = 0, final, may be chosen)."""
     return jax.lax.psum(x, ROWS)
 
 

@@ -69,22 +69,24 @@ def alpha_estimate(trace: Trace):
     return (successes + 1.0) / (successes + failures + 2.0)
 
 
-def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=False):
+def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=False, slowest=own):
     """The k in 0..K with the most expected tokens per unit of time (Leviathan et al. Theorem 3.8
     with measured costs: theory.optimal_K), the expectation over alpha ~ Beta(successes + 1,
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
     With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
     k = 0 only once the evidence allows it (may_stop): nothing is judged after it, so the evidence,
-    and with it the choice, stays. pool: in a batch, the sum over the rows stepped together:
-    their k is the one with the most tokens per unit of time for them all, and their drafts judged
-    count together. made: the tokens this row has generated; first: nothing drafted yet (may_stop).
-    With a horizon of R tokens a row, it weighs the time to finish them rather than the rate alone."""
+    and with it the choice, stays. In a batch every row weighs its own evidence, and the rows draft
+    the k that finishes the slowest of them soonest (slowest: the largest over the rows stepped
+    together; a row's time, its tokens to go times its time per token); pool: the sum over them, for
+    the evidence k = 0 waits for. made: the tokens this row has generated; first: nothing drafted yet
+    (may_stop). With a horizon of R tokens a row, it weighs the time to finish them rather than the rate alone."""
     K = policy.v.shape[0] - 1
     j = jnp.arange(K + 1)  # [K+1]
     moments = jnp.cumprod(jnp.where(j > 0, (successes + j) / (successes + failures + 1.0 + j), 1.0))  # E[alpha^j]
     B = pool(1.0)  # the rows stepped together
-    rate = pool(1 / time_per_token(policy, moments, B, policy.horizon))  # [K+1]
-    best, drafting = jnp.argmax(rate), 1 + jnp.argmax(rate[1:])
+    to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
+    done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done
+    best, drafting = jnp.argmin(done_in), 1 + jnp.argmin(done_in[1:])
     stop = jax.lax.cond(best == 0, lambda: may_stop(policy, pool(successes), pool(failures), B,  # asked only then
                                                     policy.horizon - pool(made) / B, first), lambda: jnp.array(False))
     return jnp.where((best > 0) | stop, best, drafting).astype(jnp.int32)

@@ -256,6 +256,23 @@ def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowe
     assert int(choose_k(rate_alone, 4 * s, 4 * f)) == 7 and batch_time[6] > 1.05 * batch_time.min()
 
 
+def test_a_batch_drafts_the_k_that_finishes_its_slowest_row_soonest():
+    """Two rows of 64 tokens, the target agreeing with one's drafts (alpha 0.9) far more than with the
+    other's (0.5): the batch is done when the second row is, so both draft that row's best k, 1. The
+    control: the k with the most tokens per unit of time summed over the rows, 3, would finish that row
+    more than 15% later."""
+    from picospec.batch import ROWS, furthest, together
+    from picospec.policy import time_per_token
+    policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0), horizon=jnp.float32(64))
+    alpha = jnp.float32([0.9, 0.5])
+    ks = jax.vmap(lambda s, f: choose_k(policy, s, f, together, slowest=furthest), axis_name=ROWS)(alpha * 1e6,
+                                                                                                  (1 - alpha) * 1e6)
+    per_token = [np.asarray(time_per_token(policy, a ** jnp.arange(8), 2.0, 64.0)) for a in alpha]  # [K+1] each
+    summed = 1 + np.argmax(1 / per_token[0][1:] + 1 / per_token[1][1:])
+    assert ks.tolist() == [1, 1] == [1 + np.argmin(per_token[1][1:])] * 2
+    assert summed == 3 and per_token[1][summed] > 1.15 * per_token[1][1]
+
+
 @pytest.mark.slow
 def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
     """Rows that stop on their own confidence; `--K auto`'s rows choose k together instead (test above)."""
