@@ -164,7 +164,7 @@ def built_here(name: str, fn, args: tuple, static: dict, donate):
 
 def read(path, load):
     """load(the file's bytes), or None when there is no file, or (with a one-line note) a damaged one."""
-    if path is None or not path.exists():
+    if not path.exists():
         return None
     try:
         return load(bytearray(path.read_bytes()))
@@ -174,12 +174,11 @@ def read(path, load):
 
 
 def write(path, data: bytes):
-    if path:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except OSError:
-            pass  # a read-only cache folder: build it again next time
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError:
+        pass  # a read-only cache folder: build it again next time
 
 
 def start_loading():
