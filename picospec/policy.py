@@ -28,6 +28,9 @@ from picospec.state import Trace
 
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen; after half as
 # many, when no look pays (worth_a_look); before, when drafting is hopeless
+ALIKE = 32  # judged drafts the other rows of a batch count for in a row's evidence (choose_k): texts of the
+# same two models, alike but not the same (on the bundled pair, alpha across rows spreads as a Beta of
+# concentration ~38 greedy and ~500 at T = 0.8: 16 prompts, 64 tokens each)
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["c", "v", "threshold", "evidence_to_stop", "prior",
@@ -75,14 +78,19 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     failures + 1), where E[alpha^j] = prod_{i<j} (successes + 1 + i) / (successes + failures + 2 + i).
     With much evidence this is theory.optimal_K at alpha = successes / (successes + failures).
     k = 0 only once the evidence allows it (may_stop): nothing is judged after it, so the evidence,
-    and with it the choice, stays. In a batch every row weighs its own evidence, and the rows draft
-    the k that finishes the slowest of them soonest (slowest: the largest over the rows stepped
-    together; a row's time, its tokens to go times its time per token); pool: the sum over them, for
-    the evidence k = 0 waits for. made: the tokens this row has generated; first: nothing drafted yet
-    (may_stop). With a horizon of R tokens a row, it weighs the time to finish them rather than the rate alone."""
+    and with it the choice, stays. In a batch every row weighs its own evidence, and the other rows'
+    as ALIKE judged drafts at most (a row's few drafts alone say little, and the largest of several
+    rows' noisy guesses is a pessimistic one); the rows draft the k that finishes the slowest of
+    them soonest (slowest: the largest over the rows stepped together; a row's time, its tokens to go
+    times its time per token); pool: the sum over them, for the evidence k = 0 waits for. made: the
+    tokens this row has generated; first: nothing drafted yet (may_stop). With a horizon of R tokens a
+    row, it weighs the time to finish them rather than the rate alone."""
     K = policy.v.shape[0] - 1
     j = jnp.arange(K + 1)  # [K+1]
-    moments = jnp.cumprod(jnp.where(j > 0, (successes + j) / (successes + failures + 1.0 + j), 1.0))  # E[alpha^j]
+    others = pool(successes) - successes, pool(failures) - failures  # one row: none
+    weight = ALIKE / jnp.maximum(others[0] + others[1], ALIKE)  # they count for ALIKE drafts at most
+    s, f = successes + weight * others[0], failures + weight * others[1]  # this row's evidence
+    moments = jnp.cumprod(jnp.where(j > 0, (s + j) / (s + f + 1.0 + j), 1.0))  # E[alpha^j]
     B = pool(1.0)  # the rows stepped together
     to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
     done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done

@@ -273,6 +273,22 @@ def test_a_batch_drafts_the_k_that_finishes_its_slowest_row_soonest():
     assert summed == 3 and per_token[1][summed] > 1.15 * per_token[1][1]
 
 
+def test_a_row_counts_the_other_rows_evidence_as_ALIKE_drafts_at_most():
+    """Four rows at B = 4's costs, 12 drafts judged each: three had all accepted, one an unlucky start
+    (4 rejected). Alone, that row would draft 1, and so would the batch that followed its own evidence
+    (the control, pool = own); counting the others' 36 drafts as 32, the batch drafts 3. With a
+    million drafts each (the test above), the others' 32 do not move a row."""
+    from picospec.batch import ROWS, furthest, together
+    from picospec.policy import ALIKE
+    from picospec.score_first import own
+    policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0), horizon=jnp.float32(64))
+    s, f = jnp.float32([8, 12, 12, 12]), jnp.float32([4, 0, 0, 0])
+    batch = lambda pool: jax.vmap(lambda s, f: choose_k(policy, s, f, pool, slowest=furthest),  # noqa: E731
+                                  axis_name=ROWS)(s, f).tolist()
+    assert ALIKE == 32 and batch(together) == [3] * 4
+    assert int(choose_k(policy, s[0], f[0])) == 1 and batch(own) == [1] * 4
+
+
 @pytest.mark.slow
 def test_a_batch_drafts_as_far_as_its_furthest_row_and_each_row_is_its_single_call():
     """Rows that stop on their own confidence; `--K auto`'s rows choose k together instead (test above)."""
