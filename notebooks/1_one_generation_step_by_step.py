@@ -31,11 +31,12 @@ MODELS = "bundled"  # "bundled": the offline tiny pair; "gpt2": GPT-2 124M draft
 PROMPT, K, TEMPERATURE, N_TOKENS, SEED = "And God said unto Moses", 4, 1.0, 64, 0
 
 import jax
-import picospec
 from IPython.display import HTML, Image, display
+
+import picospec
 from picospec.tools.cli.picture import draw, png
 from picospec.tools.cli.show import coloured_text, decisions, extra_kind
-from picospec.tools.cli.stream import trace_steps
+from picospec.tools.cli.steps import trace_steps
 
 DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt2-xl")}[MODELS]
 draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)

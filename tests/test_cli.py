@@ -23,7 +23,7 @@ from picospec.tools import cli
 from picospec.tools.cli import cost_model, costs, options
 from picospec.tools.cli.picture import DPI, figure_size
 from picospec.tools.cli.show import show
-from picospec.tools.cli.stream import Step
+from picospec.tools.cli.steps import Step
 
 PAIR = ["--draft", str(DATA / "tiny-prefixed"), "--target", str(DATA / "tiny-hub")]
 
@@ -191,8 +191,9 @@ def bad_checkpoint(tmp_path, kind):
         weights.unlink()
         (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not unpickled")
     elif kind == "vocab":
-        from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
         from conftest import random_model
+
+        from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
         save_checkpoint(random_model(vocab_size=301, n_positions=64), load_tokenizer(str(folder)), folder)
     return str(folder)
 

@@ -12,7 +12,7 @@ import picospec
 from picospec import NGramDraft, Sampling
 from picospec.ngram import lookup
 from picospec.tools.cli.show import HTML_COLOURS, coloured_text, decisions, extra_kind
-from picospec.tools.cli.stream import Step
+from picospec.tools.cli.steps import Step
 
 
 def propose(sequence, max_n=3, K=4):

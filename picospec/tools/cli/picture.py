@@ -16,7 +16,7 @@ A PNG through matplotlib (the `plot` extra), so it shows wherever a notebook or 
 
 import io
 
-from picospec.tools.cli.stream import Step, extra_kind
+from picospec.tools.cli.steps import Step, extra_kind
 
 COLOURS = {"accepted": "#7fd17a", "rejected": "#f08a8a", "dropped": "#dddddd", "resample": "#f5d76e",
            "bonus": "#86b6f0", "target": "#ffffff"}

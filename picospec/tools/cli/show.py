@@ -5,7 +5,7 @@ import html
 import os
 
 from picospec.tools.cli.picture import verdicts
-from picospec.tools.cli.stream import Step, extra_kind
+from picospec.tools.cli.steps import Step, extra_kind
 
 COLOURS = {"accepted": "32", "rejected": "9;31", "resample": "33", "bonus": "34;1", "target": "0"}  # ANSI SGR
 
