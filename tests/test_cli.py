@@ -58,8 +58,9 @@ def test_json_run_adds_up(capsys, mode):
         assert stats["n_steps"] == 12 and stats["acceptance_rate"] is None
 
 
-@pytest.mark.parametrize("flags", [["--K", "auto", "--confidence", "0.3"],
-                                   pytest.param(["--K", "3", "--drafts", "2"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("flags", [pytest.param(["--K", "auto", "--confidence", "0.3"], marks=pytest.mark.slow),
+                                   pytest.param(["--K", "3", "--drafts", "2"], marks=pytest.mark.slow)])  # fast:
+# test_cli_record.py checks the same of its auto run (adds_up)
 def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monkeypatch, flags):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))  # costs.json goes in it
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # auto's K_max (7 in use): less to compile here

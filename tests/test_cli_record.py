@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -57,9 +58,21 @@ def run(name: str) -> list[dict]:
         assert cli.main(argv) == 0, name
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     rows = sorted(lines[:-1], key=lambda r: r["row"]) if len(lines) > 1 else lines
+    for r in rows if "auto" in flags else []:  # --K auto: each call its own k
+        adds_up(r["stats"], r["steps"])
     return [{"tokens": r["tokens"],
              "steps": [[s.get("drafted", []), s.get("accepted", 0), s.get("k", 0), s.get("bonus", False)]
                        for s in r["steps"]]} for r in rows]
+
+
+def adds_up(stats, steps):
+    """A row's JSON report agrees with its steps: k drafted a call, accepted ones first, the bonus after
+    all k, and the summary's K used and acceptance."""
+    assert stats["K_used"] == pytest.approx(np.mean([s["k"] for s in steps]))
+    assert stats["acceptance_rate"] == pytest.approx(sum(s["accepted"] for s in steps) / sum(s["k"] for s in steps))
+    for s in steps:
+        assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"]
+        assert s["bonus"] == (s["accepted"] == s["k"])
 
 
 @pytest.fixture
