@@ -6,8 +6,8 @@ E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement), with 
 this machine (tools/cli/costs.py) and the expectation taken over what the iterations so far say of
 alpha (a Beta posterior over each judged draft's chance of acceptance, `evidence`: few iterations, a
 wide one, which favours drafting more than its mean alone would); given the tokens each row makes,
-per unit of time to finish them (near a row's end a long draft is partly wasted, and a batch waits
-for its slowest row, `time_per_token`).
+per unit of time to finish them (a longer draft overshoots the end further, and a batch waits for
+its slowest row, `time_per_token`).
 
 k = 0 is not drafting at all. It judges no drafts, so the evidence and the choice stay: the draft has
 stopped for good. So k = 0 waits until no number of further looks at alpha would pay for what they
@@ -92,9 +92,8 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     s, f = successes + weight * others[0], failures + weight * others[1]  # this row's evidence
     moments = jnp.cumprod(jnp.where(j > 0, (s + j) / (s + f + 1.0 + j), 1.0))  # E[alpha^j]
     B = pool(1.0)  # the rows stepped together
-    to_go = jnp.maximum(policy.horizon - made, 1.0)  # this row's tokens still wanted (inf: unknown)
-    per_token = call_time_per_token(policy, moments, B, policy.horizon, to_go)  # [K+1]
-    done_in = slowest(jnp.where(jnp.isinf(to_go), 1.0, to_go) * per_token)  # [K+1]: when the batch is done
+    to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
+    done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done
     best, drafting = jnp.argmin(done_in), 1 + jnp.argmin(done_in[1:])
     stop = jax.lax.cond(best == 0, lambda: may_stop(policy, pool(successes), pool(failures), B,  # asked only then
                                                     policy.horizon - pool(made) / B, first), lambda: jnp.array(False))
@@ -102,32 +101,17 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
 
 
 def time_per_token(policy: Policy, moments, B, R):
-    """[..., K+1]: an iteration's time per token of each row, drafting k = 0..K every call, from E[alpha^j]
-    [..., K+1], until each of B rows has R more tokens. A call gives a row t tokens, E[t] = mu = sum_{j<=k}
-    E[alpha^j] and E[t^2] = m2 = sum_{j<=k} (2j + 1) E[alpha^j]; R tokens take about R / mu calls,
-    (m2 - mu) / (2 mu^2) more for the last one's overshoot (renewal theory), and `spread` more for a batch."""
+    """[..., K+1]: an iteration's time per token of each row, drafting k = 0..K, from E[alpha^j] [..., K+1],
+    until each of B rows has R more tokens. A call gives a row t tokens, E[t] = mu = sum_{j<=k} E[alpha^j]
+    and E[t^2] = m2 = sum_{j<=k} (2j + 1) E[alpha^j]; R tokens take about R / mu calls, (m2 - mu) / (2 mu^2)
+    more for the last one's overshoot (renewal theory), and a batch of B rows runs until its slowest row is
+    done: z_B sqrt(R (m2 - mu^2) / mu^3) more, z_B the mean of the largest of B standard normals. The
+    longer the draft, the wider t spreads."""
     j = jnp.arange(moments.shape[-1])
     mu, m2 = jnp.cumsum(moments, -1), jnp.cumsum((2 * j + 1) * moments, -1)  # E[t], E[t^2]
-    return (j * policy.c + policy.v) * (1 + (m2 - mu) / (2 * R * mu) + spread(moments, B, R)) / mu
-
-
-def call_time_per_token(policy: Policy, moments, B, R, to_go):
-    """time_per_token for this call's k alone (the next call chooses its own): per token the row still
-    wants, min(t, to_go), E = sum_{j<=k, j<to_go} E[alpha^j]; near a row's end a long draft is partly
-    wasted, and before it nothing is (no overshoot: that is the last call's)."""
-    j = jnp.arange(moments.shape[-1])
-    wanted = jnp.cumsum(jnp.where(j < to_go, moments, 0.0), -1)  # E[min(t, to_go)]
-    return (j * policy.c + policy.v) * (1 + spread(moments, B, R)) / wanted
-
-
-def spread(moments, B, R):
-    """A batch of B rows runs until its slowest row is done: z_B sqrt(R (m2 - mu^2) / mu^3) calls more for
-    R tokens a row, z_B the mean of the largest of B standard normals (0 for one row), relative to R / mu.
-    The longer the draft, the wider t spreads."""
-    j = jnp.arange(moments.shape[-1])
-    mu, m2 = jnp.cumsum(moments, -1), jnp.cumsum((2 * j + 1) * moments, -1)  # E[t], E[t^2]
-    z_B = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (B - 0.375) / (B + 0.25) - 1)  # Blom's
-    return z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # 0: one row, or R = inf
+    z_B = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (B - 0.375) / (B + 0.25) - 1)  # Blom's; 0 for one row
+    slower = 1 + (m2 - mu) / (2 * R * mu) + z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # 1: R = inf
+    return (j * policy.c + policy.v) * slower / mu
 
 
 def may_stop(policy: Policy, successes, failures, B=1.0, R=float("inf"), first=False):
