@@ -87,7 +87,8 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     row, it weighs the time to finish them rather than the rate alone."""
     K = policy.v.shape[0] - 1
     j = jnp.arange(K + 1)  # [K+1]
-    others = pool(successes) - successes, pool(failures) - failures  # one row: none
+    pooled = pool(successes), pool(failures)  # the batch's evidence (one row: its own)
+    others = pooled[0] - successes, pooled[1] - failures
     weight = ALIKE / jnp.maximum(others[0] + others[1], ALIKE)  # they count for ALIKE drafts at most
     s, f = successes + weight * others[0], failures + weight * others[1]  # this row's evidence
     moments = jnp.cumprod(jnp.where(j > 0, (s + j) / (s + f + 1.0 + j), 1.0))  # E[alpha^j]
@@ -95,8 +96,8 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
     done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done
     best, drafting = jnp.argmin(done_in), 1 + jnp.argmin(done_in[1:])
-    stop = jax.lax.cond(best == 0, lambda: may_stop(policy, pool(successes), pool(failures), B,  # asked only then
-                                                    policy.horizon - pool(made) / B, first), lambda: jnp.array(False))
+    stop = jax.lax.cond(best == 0, lambda: may_stop(policy, *pooled, B, policy.horizon - pool(made) / B, first),
+                        lambda: jnp.array(False))  # asked only then
     return jnp.where((best > 0) | stop, best, drafting).astype(jnp.int32)
 
 

@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import DATA  # noqa: E402
+from test_cli import adds_up  # noqa: E402
 
 from picospec.tools import cli  # noqa: E402
 from picospec.tools.cli import costs  # noqa: E402
@@ -65,24 +65,17 @@ def run(name: str) -> list[dict]:
                        for s in r["steps"]]} for r in rows]
 
 
-def adds_up(stats, steps):
-    """A row's JSON report agrees with its steps: k drafted a call, accepted ones first, the bonus after
-    all k, and the summary's K used and acceptance."""
-    assert stats["K_used"] == pytest.approx(np.mean([s["k"] for s in steps]))
-    assert stats["acceptance_rate"] == pytest.approx(sum(s["accepted"] for s in steps) / sum(s["k"] for s in steps))
-    for s in steps:
-        assert len(s["drafted"]) == s["k"] and s["accepted"] <= s["k"]
-        assert s["bonus"] == (s["accepted"] == s["k"])
-
-
 @pytest.fixture
 def fixed_costs(monkeypatch):
-    monkeypatch.setattr(costs, "measure", lambda *args: COSTS)
+    asked = []  # what the costs were asked for
+    monkeypatch.setattr(costs, "measure", lambda *args: asked.append(args) or COSTS)
+    return asked
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in RUNS])
 def test_the_cli_gives_the_recorded_tokens_and_decisions(fixed_costs, name):
     assert run(name) == json.loads(RECORD.read_text())[name]
+    assert [args[-1] for args in fixed_costs] == ([True] if "auto" in RUNS[name] else [])  # timed as the stream runs
 
 
 def test_the_record_is_not_trivial():  # the control: runs that differ in what they ask differ in the record
