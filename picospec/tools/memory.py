@@ -11,15 +11,19 @@ compiled on first call, use an estimate from the models' shapes (which a test ho
 import jax
 
 from picospec.errors import PicospecError
+from picospec.state import empty_trace
 
 
 def memory_per_row(models, max_len: int, T: int) -> int:
     """Bytes one row needs while sampling: every model's KV cache (the bulk), twice (at its peak the
-    compiled loop holds the prefilled caches and the loop's own), and its logits and probabilities
-    for T positions (a few copies alive at once)."""
+    compiled loop holds the prefilled caches and the loop's own), its logits and probabilities for
+    T positions (a few copies alive at once), and what it returns: its tokens and its trace (room for
+    an iteration per slot of the sequence, more than it can run)."""
     caches = 2 * sum(2 * m.config.n_layer * max_len * m.config.n_embd * m.params["wte"]["weight"].dtype.itemsize
                  for m in models)
-    return caches + 8 * T * models[-1].config.vocab_size * 4
+    trace = jax.eval_shape(lambda: empty_trace(max_len, T - 1))
+    returned = 4 * max_len + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trace))
+    return caches + 8 * T * models[-1].config.vocab_size * 4 + returned
 
 
 def compiled_need(compiled) -> int:
