@@ -6,8 +6,8 @@ E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement), with 
 this machine (tools/cli/costs.py) and the expectation taken over what the iterations so far say of
 alpha (a Beta posterior over each judged draft's chance of acceptance, `evidence`: few iterations, a
 wide one, which favours drafting more than its mean alone would); given the tokens each row makes,
-per unit of time to finish them (one row counts only the tokens it still wants, and a batch waits
-for its slowest row, `time_per_token`).
+per unit of time to finish them (a longer draft overshoots the end further, and a batch waits for
+its slowest row, `time_per_token`).
 
 k = 0 is not drafting at all. It judges no drafts, so the evidence and the choice stay: the draft has
 stopped for good. So k = 0 waits until no number of further looks at alpha would pay for what they
@@ -94,33 +94,25 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     moments = jnp.cumprod(jnp.where(j > 0, (s + j) / (s + f + 1.0 + j), 1.0))  # E[alpha^j]
     B = pool(1.0)  # the rows stepped together
     to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
-    per_token = time_per_token(policy, moments, B, policy.horizon, jnp.maximum(policy.horizon - made, 1.0))
-    done_in = slowest(to_go * per_token)  # [K+1]: when the batch is done
+    done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done
     best, drafting = jnp.argmin(done_in), 1 + jnp.argmin(done_in[1:])
     stop = jax.lax.cond(best == 0, lambda: may_stop(policy, *pooled, B, policy.horizon - pool(made) / B, first),
                         lambda: jnp.array(False))  # asked only then
     return jnp.where((best > 0) | stop, best, drafting).astype(jnp.int32)
 
 
-def time_per_token(policy: Policy, moments, B, R, to_go=float("inf")):
+def time_per_token(policy: Policy, moments, B, R):
     """[..., K+1]: an iteration's time per token of each row, drafting k = 0..K, from E[alpha^j] [..., K+1],
     until each of B rows has R more tokens. A call gives a row t tokens, E[t] = mu = sum_{j<=k} E[alpha^j]
-    and E[t^2] = m2 = sum_{j<=k} (2j + 1) E[alpha^j].
-    One row decides every call, and drafts less as its end nears: a call counts the tokens the row still
-    wants, E[min(t, to_go)] = sum_{j<=k, j<to_go} E[alpha^j] (within 0.3% of the best policy's time, where
-    drafting one k to the end loses 1-3.5%: tests/test_adaptive.py). A batch drafts one k for rows
-    that end at different calls, and counts whole runs: R tokens take about R / mu calls, (m2 - mu) / (2 mu^2)
-    more for the last one's overshoot (renewal theory), and the batch runs until its slowest row is done,
-    z_B sqrt(R (m2 - mu^2) / mu^3) more, z_B the mean of the largest of B standard normals. The longer the
-    draft, the wider t spreads. (Counting per call there drafted too long: acceptance comes in runs, and a
-    batch waits longer for long drafts than the iid spread says; benchmarks/README.md.)"""
+    and E[t^2] = m2 = sum_{j<=k} (2j + 1) E[alpha^j]; R tokens take about R / mu calls, (m2 - mu) / (2 mu^2)
+    more for the last one's overshoot (renewal theory), and a batch of B rows runs until its slowest row is
+    done: z_B sqrt(R (m2 - mu^2) / mu^3) more, z_B the mean of the largest of B standard normals. The
+    longer the draft, the wider t spreads."""
     j = jnp.arange(moments.shape[-1])
     mu, m2 = jnp.cumsum(moments, -1), jnp.cumsum((2 * j + 1) * moments, -1)  # E[t], E[t^2]
     z_B = jnp.sqrt(2.0) * jax.lax.erf_inv(2 * (B - 0.375) / (B + 0.25) - 1)  # Blom's; 0 for one row
-    batch = 1 + (m2 - mu) / (2 * R * mu) + z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # 1: R = inf
-    wanted = jnp.cumsum(jnp.where(j < to_go, moments, 0.0), -1)  # E[min(t, to_go)]
-    one_row = B == 1
-    return (j * policy.c + policy.v) * jnp.where(one_row, 1.0, batch) / jnp.where(one_row, wanted, mu)
+    slower = 1 + (m2 - mu) / (2 * R * mu) + z_B * jnp.sqrt(jnp.maximum(m2 - mu**2, 0.0) / (R * mu))  # 1: R = inf
+    return (j * policy.c + policy.v) * slower / mu
 
 
 def may_stop(policy: Policy, successes, failures, B=1.0, R=float("inf"), first=False):
@@ -150,15 +142,14 @@ def worth_a_look(policy: Policy, successes, failures, B, R, first):
     about N = m B E[1 + alpha + ... + alpha^(k-1)] drafts, after which alpha's posterior mean is spread
     about today's as a Beta of concentration (a + b + 1)(a + b + N) / N - 1 (its variance, Var(alpha)
     N / (a + b + N)), and the loop drafts (or not) by it: worth E[max(0, T_0 - min_k T_k)] over it,
-    T_k the time to finish, drafting k a call, the tokens still wanted after the looks. Each look costs
-    what its tokens take beyond the target's own steps for as many; the first also runs the draft's
-    prefill (policy.prefill). Unknown R: worth it."""
+    T_k the time to finish drafting k a call. Each look costs what its tokens take beyond the target's
+    own steps for as many; the first also runs the draft's prefill (policy.prefill). Unknown R: worth it."""
     alpha = (jnp.arange(GRID) + 0.5) / GRID  # [G]: alpha's values, for expectations over its laws
     moments = alpha[:, None] ** jnp.arange(policy.v.shape[0])  # [G, K+1] alpha^j
     tokens = jnp.cumsum(moments, -1)  # [G, K+1] tokens per call drafting k, at each alpha
     R = jnp.maximum(R, 1.0)
-    per_token = time_per_token(policy, moments, B, R, R)  # [G, K+1]
-    saving = jnp.maximum(per_token[:, 0] - jnp.min(per_token[:, 1:], -1), 0.0)  # [G]: drafting's, a token, at alpha
+    per_token = time_per_token(policy, moments, B, R)  # [G, K+1]
+    saving = R * jnp.maximum(per_token[:, 0] - jnp.min(per_token[:, 1:], -1), 0.0)  # [G]: drafting's, at alpha
 
     def beta(mean, concentration):  # [G]: a Beta's weights on the grid
         return jax.nn.softmax((mean * concentration - 1) * jnp.log(alpha) + ((1 - mean) * concentration - 1) *
@@ -170,6 +161,5 @@ def worth_a_look(policy: Policy, successes, failures, B, R, first):
     m = 2.0 ** jnp.arange(7)  # [M] looks: 1..64
     N = m * B * (now @ tokens[:, k - 1])  # [M] drafts they judge (to the first rejection)
     later = jax.vmap(lambda N: beta(a / (a + b), (a + b + 1) * (a + b + N) / N - 1))(N)  # [M, G]
-    left = jnp.maximum(R - m * (now @ tokens[:, k]), 0.0)  # [M]: the tokens a row still wants after the looks
-    value = jnp.max((later @ saving) * left - m * cost)
+    value = jnp.max(later @ saving - m * cost)
     return jnp.isinf(R) | (value > jnp.where(first, policy.prefill, 0.0))
