@@ -61,7 +61,9 @@ def main(argv=None):
         draft, target, two = gpt2_shaped()
         prompts_for = lambda B: [two[b % 2][:2 + b % 3] for b in range(B)]  # noqa: E731
     n, fixed = args.n_tokens, [int(k) for k in args.fixed.split(",")]
-    print(f"Machine: {cpu_name()}; jax {jax.__version__}; {args.pair} pair; {n} tokens after each of B prompts; "
+    device = jax.devices()[0]
+    on = "" if device.platform == "cpu" else f"{device.device_kind} ({device.platform}), host "
+    print(f"Machine: {on}{cpu_name()}; jax {jax.__version__}; {args.pair} pair; {n} tokens after each of B prompts; "
           f"each contender's best of {args.rounds} rounds\n")
     print("| T | B | autoregressive tokens/s | best fixed K: tokens/s | auto: tokens/s | auto / autoregressive "
           "(median of rounds) | auto / best fixed (median) | auto's k per call |\n|---|---|---|---|---|---|---|---|")
