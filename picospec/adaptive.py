@@ -63,8 +63,10 @@ class AdaptiveDraft:
         if not self.policy.auto:
             return prefill()
         empty = lambda: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(prefill))  # noqa: E731
-        stop = choose_k(self.policy, *self.policy.prior, self.pool, first=True, slowest=self.agree) == 0
-        return jax.lax.cond(stop, empty, prefill)
+        return jax.lax.cond(self.stops_at_once(), empty, prefill)
+
+    def stops_at_once(self):  # bool []: the prior alone chooses k = 0, so the draft never runs
+        return choose_k(self.policy, *self.policy.prior, self.pool, first=True, slowest=self.agree) == 0
 
     def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
         """Step 1 with the stopping rules: up to K drafts; p's rows past the last one proposed are zero."""

@@ -3,6 +3,7 @@ every verifier exact (enumerated on a 4-token vocabulary, sampled through the lo
 of k is the theory module's."""
 
 import dataclasses
+import sys
 from functools import partial
 
 import jax
@@ -440,3 +441,47 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     for state in [starts(in_batch(draft), ROWS), batched()]:  # by hand, and as the batch and the stream start
         assert not prefilled(state) and not bool(batch_drafting(in_batch(draft), state))
     assert prefilled(starts(draft))  # the control: each row on its own prior would prefill
+
+
+def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loops_tokens_and_trace(monkeypatch):
+    """When the prior alone chooses k = 0 (the draft never runs), the public samplers decode
+    autoregressively in the target's own buffers: every token and every trace field is what the loop
+    gives (its k = 0 from the first iteration is the target's own steps, from the same keys), sampled,
+    a row stopping at <|endoftext|>. The control: a prior that drafts runs the loop."""
+    from picospec.batch import batch_buffers, speculative_batch
+    from picospec.tools import samplers
+    v, K, n = jnp.float32([1.0, 1.5, 1.8, 2.0]), 3, 12  # drafting pays only if alpha is high
+    doubtful = Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([1, 20]), horizon=jnp.float32(n))
+    prompts, keys = [[1, 4], [3, 3, 0], [2]], jax.random.split(jax.random.key(1), 3)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n, K, TARGET.config)
+    draft, step, verify = samplers.plug_in(DRAFT, TARGET, K, policy=doubtful)
+    assert samplers.stops_at_once(draft, len(prompts)) and samplers.stops_at_once(draft, 1)
+    out, trace = speculative_batch(draft, TARGET, tokens, n_prompt, keys, n, K, Sampling(0.8), prefill_len, max_len,
+                                   TARGET.config.eos_token_id, verify, step)
+    monkeypatch.setattr(samplers, "speculative_batch", None)  # the loop is not run
+    monkeypatch.setattr(samplers.speculative, "speculative_sample", None)
+    got, got_trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0.8,
+                                                       stop_at_eos=True, policy=doubtful)
+    np.testing.assert_array_equal(got, out)
+    np.testing.assert_array_equal(got_trace.n_steps, trace.n_steps)
+    assert int(trace.n_steps[0]) < n  # the first row stopped at <|endoftext|>
+    for b, steps in enumerate(np.asarray(trace.n_steps)):  # the rows written (a finished row's later: scratch)
+        for name, mine, its in zip(trace._fields[:-1], got_trace[:-1], trace[:-1]):
+            np.testing.assert_array_equal(mine[b, :steps], its[b, :steps], err_msg=name)
+    one, one_trace = picospec.speculative_sample(DRAFT, TARGET, prompts[0], n, keys[0], K=K, temperature=0.8,
+                                                 stop_at_eos=True, policy=doubtful)  # one prompt: likewise
+    np.testing.assert_array_equal(one, out[0])
+    assert int(one_trace.n_steps) == int(trace.n_steps[0])
+    rows = [[], [], []]  # the CLI's stream: the target's own program, shown as the loop's k = 0 steps
+    monkeypatch.setattr(sys.modules["picospec.tools.cli.stream"], "batch_start", None)  # its speculative start: not run
+    for iteration in stream(DRAFT, TARGET, prompts, n, keys, K=K, sampling=Sampling(0.8),
+                            eos_id=TARGET.config.eos_token_id, policy=doubtful):
+        for b, step in enumerate(iteration):
+            rows[b] += [step] if step is not None else []
+    for b in range(3):
+        assert len(rows[b]) == int(trace.n_steps[b]) and not any(step.proposed for step in rows[b])
+        np.testing.assert_array_equal(sum((step.tokens for step in rows[b]), []), out[b, :int(trace.n_steps[b])])
+    drafting = dataclasses.replace(doubtful, prior=jnp.float32([20, 1]))
+    assert not samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, K, policy=drafting)[0], len(prompts))
+    with pytest.raises(TypeError):  # the control: this prior drafts, so the (removed) loop is called
+        picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0, policy=drafting)

@@ -1,20 +1,25 @@
 """The public entry points (`picospec.speculative_sample` and the rest): the lesson's samplers with
 their input checked (tools/checks.py), their options named (`verify="block"`, `drafts=2`, a
 `policy`) and turned into the lesson's plug-ins, and, for batches, the memory checked and the rows
-placed on devices."""
+placed on devices. A policy whose prior alone stops the draft runs autoregressive decoding instead
+(`stops_at_once`): the tokens and trace the loop would give, with the target's own smaller buffers."""
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 from picospec import autoregressive, gpt2, speculative
 from picospec.adaptive import AdaptiveDraft, adaptive_step
-from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
+from picospec.autoregressive import buffers
+from picospec.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
 from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.policy import fixed
 from picospec.several import BRANCHES
 from picospec.speculative import ModelDraft, speculative_step
+from picospec.state import empty_trace
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
@@ -50,6 +55,29 @@ def as_tree(K: int, drafts: int, tree):
     return (drafts * K, branches(drafts, K)) if drafts > 1 else (K, tree)
 
 
+@partial(jax.jit, static_argnames="B")
+def _stops_at_once(policy, B: int):  # bool []: one row's decision, as B rows stepped together make it
+    return jax.vmap(lambda _: in_batch(AdaptiveDraft(None, policy)).stops_at_once(), axis_name=ROWS)(jnp.zeros(B))[0]
+
+
+def stops_at_once(draft, B: int) -> bool:
+    """`--K auto`'s prior alone chooses k = 0 for a batch of B rows (adaptive.AdaptiveDraft.stops_at_once):
+    the loop would skip the draft's prefill and step the target alone from the first iteration."""
+    return isinstance(draft, AdaptiveDraft) and draft.policy.auto and bool(_stops_at_once(draft.policy, B))
+
+
+@partial(jax.jit, static_argnames=("R", "K", "eos_id"))
+def stepped_alone(out, R: int, K: int, eos_id: int):
+    """The trace speculative.target_alone records over rows of tokens out [B, n_tokens]: one step a
+    token, k = 0, up to a row's first <|endoftext|> when stopping there; room for R iterations of K drafts."""
+    B, n = out.shape
+    is_eos = out == eos_id
+    n_steps = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, -1) + 1, n).astype(jnp.int32)  # [B]
+    trace = jax.vmap(lambda _: empty_trace(R, K))(jnp.arange(B))
+    extra = trace.extra.at[:, :n].set(jnp.where(jnp.arange(n) < n_steps[:, None], out, 0))  # [B, R]
+    return trace._replace(extra=extra, n_steps=n_steps)
+
+
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
                        top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1, tree=None,
                        children="iid"):
@@ -80,6 +108,11 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
     draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
+    if stops_at_once(draft, 1):
+        out = autoregressive_sample(target, prompt_tokens, n_tokens, key, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, stop_at_eos=stop_at_eos)
+        R, eos_id = len(buffers(prompt_tokens, n_tokens, K, target.config)[0]), checks.eos(target, stop_at_eos)
+        return out, jax.tree_util.tree_map(lambda x: x[0], stepped_alone(out[None], R, K, eos_id))
     return speculative.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
                                           temperature=sampling.temperature, top_k=sampling.top_k,
                                           top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
@@ -118,9 +151,13 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     eos_id = checks.eos(target, stop_at_eos)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
     models = [m for m in (draft, target) if isinstance(m, Model)]
+    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
+    if stops_at_once(draft, len(prompts)):
+        out = autoregressive_sample_batch(target, prompts, n_tokens, keys, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, stop_at_eos=stop_at_eos, mesh=mesh)
+        return out, stepped_alone(out, tokens.shape[1], K, eos_id)
     check_memory(len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
-    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     if mesh is not None:
         draft, target, args = place(mesh, draft, target, args)
     out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,

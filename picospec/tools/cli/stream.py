@@ -29,7 +29,7 @@ from picospec.tools.cli.costs import warm
 from picospec.tools.cli.programs import compiled
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
 from picospec.tools.memory import check_memory, compiled_need
-from picospec.tools.samplers import as_tree, plug_in
+from picospec.tools.samplers import as_tree, plug_in, stops_at_once
 
 
 @dataclass
@@ -108,6 +108,11 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
         K, tree = as_tree(K, drafts, tree)
+        checks.prompts(prompts, n_tokens, K, target.config)
+        draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
+    alone = draft is not None and stops_at_once(draft, len(prompts))  # the target's steps from the first: its
+    if alone:  # own program and buffers (samplers.stops_at_once), shown as the steps the loop would record
+        draft = None
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
@@ -116,7 +121,6 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         begin, begin_options = autoregressive_starts, sizes
     else:
-        draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
         begin, begin_options = batch_start, dict(K=K, **sizes)
@@ -146,7 +150,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         for b in np.flatnonzero(ran):
             row = jax.tree_util.tree_map(lambda x: x[b], rows)
             steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if draft is not None
-                        else Step(cut([int(row)], n_tokens - produced[b], eos_id)))
+                        else Step(cut([int(row)], n_tokens - produced[b], eos_id), proposed=not alone))
             steps[b].finished, steps[b].seconds = not running[b], seconds
             produced[b] += len(steps[b].tokens)
         yield steps
