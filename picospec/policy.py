@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from picospec.score_first import own
 from picospec.state import Trace
 
-EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen; after half as
-# many, when no look pays (worth_a_look); before, when drafting is hopeless
+EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen whatever a look
+# would tell; before, once no look pays (worth_a_look) or drafting is hopeless
 ALIKE = 32  # judged drafts the other rows of a batch count for in a row's evidence (choose_k): texts of the
 # same two models, alike but not the same (on the bundled pair, alpha across rows spreads as a Beta of
 # concentration ~38 greedy and ~500 at T = 0.8: 16 prompts, 64 tokens each)
@@ -116,20 +116,19 @@ def time_per_token(policy: Policy, moments, B, R):
 
 
 def may_stop(policy: Policy, successes, failures, B=1.0, R=float("inf"), first=False):
-    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop judged drafts;
-    or half as many once no further look at alpha would pay for itself (worth_a_look); or fewer once
-    even an optimistic alpha, the posterior mean plus two standard deviations, would make no k >= 1 pay:
-    a draft the target almost never agrees with stops after a few rejections. The half is there because
-    the prior is the prompts' beta, a proxy: greedy text agrees more than the prompt it follows (on the
-    bundled pair, alpha 0.67 on a prompt against 0.89 generated), and one prompt has a few positions."""
+    """bool []: k = 0 may be chosen. It is final, so it waits for policy.evidence_to_stop judged drafts,
+    or until no further look at alpha would pay for itself (worth_a_look: a look is weighed against
+    what it costs, so where a draft call costs several target steps, as on a GPU, a doubtful prior
+    stops the draft before it runs), or until even an optimistic alpha, the posterior mean plus two
+    standard deviations, would make no k >= 1 pay: a draft the target almost never agrees with stops
+    after a few rejections."""
     a, b = successes + 1.0, failures + 1.0  # alpha ~ Beta(a, b)
     high = jnp.minimum(a / (a + b) + 2 * jnp.sqrt(a * b / ((a + b) ** 2 * (a + b + 1))), 1 - 1e-6)
     k = jnp.arange(1, policy.v.shape[0])  # [K]
     tokens = (1 - high ** (k + 1)) / (1 - high)  # [K] tokens per call at alpha = high
     hopeless = jnp.max(tokens / (k * policy.c + policy.v[1:])) < 1 / policy.v[0]
     judged = successes + failures + 0.5  # a count of drafts, summed in floats
-    no_look_pays = (judged > policy.evidence_to_stop / 2) & ~worth_a_look(policy, successes, failures, B, R, first)
-    return (judged > policy.evidence_to_stop) | hopeless | no_look_pays
+    return (judged > policy.evidence_to_stop) | hopeless | ~worth_a_look(policy, successes, failures, B, R, first)
 
 
 GRID = 256  # points on [0, 1]: worth_a_look's expectations over alpha are sums over them
