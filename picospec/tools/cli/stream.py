@@ -108,12 +108,12 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
         K, tree = as_tree(K, drafts, tree)
-        checks.prompts(prompts, n_tokens, K, target.config)
+    checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
+    if draft is not None:
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     alone = draft is not None and stops_at_once(draft, len(prompts))  # the target's steps from the first: its
     if alone:  # own program and buffers (samplers.stops_at_once), shown as the steps the loop would record
         draft = None
-    checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     tokens, n_prompt, n_end = jax.device_put((tokens, n_prompt, n_prompt + n_tokens))  # from the host, as they are
