@@ -24,7 +24,7 @@ from picospec.tools.checkpoints.weights import (
     load_model,
     load_tokenizer,
 )
-from picospec.tools.cli.flags import parse_args
+from picospec.tools.cli.flags import command, parse_args
 from picospec.tools.cli.jit_cache import use_persistent_cache
 from picospec.tools.cli.options import (
     K_max,
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
-        start_loading()  # and finds what it runs already loaded
+        start_loading(command(args))  # and finds what it runs already loaded
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)

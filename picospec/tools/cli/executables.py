@@ -7,11 +7,16 @@ as JAX itself calls it. The file is as trusted as JAX's persistent cache, which 
 
 Loading an executable takes a while (0.05 s and 0.15 s for the bundled pair's start and iteration), and a
 run asks for them only once it has loaded the models and the prompts. So the CLI starts loading, in the
-background as it begins (`load_early`), the executables its last run used (programs/last-run): a
-repeated command finds them loaded. Any it does not ask for are dropped.
+background as it begins (`load_early`), the executables the last run of the same command used
+(programs/last-run: the names each of the last few commands used, keyed by its flags less the prompts
+and the seed): a repeated command finds them loaded. A run waits for the loading to end before its
+clock starts (`settle`): on a machine of few cores a load in the background would slow the run it
+times, and the time it waits counts as start-up.
 """
 
+import json
 import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
@@ -54,29 +59,55 @@ def deserialize(data, name: str):
 
 loading: dict[str, Future] = {}  # name -> the executable being loaded early
 used: list[str] = []  # the programs this process asked for, in order
+COMMANDS = 8  # the commands last-run keeps, the newest last
+command = ""  # this run's key in last-run (load_early)
+
+
+def last_runs(folder: Path) -> dict:
+    """{command: [names of the executables its last run used]} from folder/last-run ({} if none or unreadable)."""
+    try:
+        runs = json.loads((folder / "last-run").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {key: [name for name in names if isinstance(name, str) and re.fullmatch("[0-9a-f]{32}", name)]
+            for key, names in runs.items() if isinstance(names, list)} if isinstance(runs, dict) else {}
 
 
 def remember(folder: Path, name: str):
-    """Name `name` in folder/last-run, with the others this run used, for the next run to load early."""
+    """Name `name` in folder/last-run under this run's command, with the others it used, for the next run
+    of the same command to load early."""
     if name not in used:
         used.append(name)
+    runs = last_runs(folder)
+    runs.pop(command, None)
+    runs[command] = used[-8:]
     try:
-        (folder / "last-run").write_text("\n".join(used[-8:]) + "\n")
+        (folder / "last-run").write_text(json.dumps(dict(list(runs.items())[-COMMANDS:]), indent=1))
     except OSError:
         pass  # a read-only cache folder: nothing is loaded early
 
 
-def load_early(folder: Path):
-    """Start loading the executables the last run used (named in folder/last-run), one after another in
-    a background thread (XLA loads one at a time)."""
-    try:
-        names = [name for name in (folder / "last-run").read_text().split() if re.fullmatch("[0-9a-f]{32}", name)]
-    except OSError:
+def load_early(folder: Path, key: str):
+    """Start loading the executables the last run of command `key` used (folder/last-run), one after
+    another in a background thread (XLA loads one at a time)."""
+    global command
+    command = key
+    names = last_runs(folder).get(key, [])
+    if not names:
         return
     pool = ThreadPoolExecutor(1, thread_name_prefix="picospec-load")
     for name in names[:8]:
         loading[name] = pool.submit(lambda name: deserialize((folder / f"{name}.xla").read_bytes(), name), name)
     pool.shutdown(wait=False)
+
+
+def settle() -> float:
+    """Wait for the executables still loading early (a failed load is retried when a run asks for it);
+    returns the seconds waited."""
+    t0 = time.perf_counter()
+    for future in list(loading.values()):
+        future.exception()
+    return time.perf_counter() - t0
 
 
 @lru_cache(maxsize=64)

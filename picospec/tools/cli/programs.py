@@ -181,8 +181,8 @@ def write(path, data: bytes):
         pass  # a read-only cache folder: build it again next time
 
 
-def start_loading():
-    """Begin loading, in the background, the executables the last run used (executables.load_early)."""
+def start_loading(command: str):
+    """Begin loading, in the background, the executables the last run of `command` used (executables.load_early)."""
     folder = cache_folder()
     if folder:
-        load_early(folder / "programs")
+        load_early(folder / "programs", command)
