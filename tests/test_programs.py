@@ -38,17 +38,28 @@ def compiled_again(*args, **kwargs):
 
 
 def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, monkeypatch):
+    """...and finds its executables loading early, all loaded before its clock starts (the prefill and
+    every iteration are timed: on a machine of few cores a load beside them would slow what is timed).
+    The loads are made slow here, so that the iteration's is still going once the start's is loaded."""
     code, first, _ = run_cli(capsys, *RUN)
     assert code == 0 and len(files(cache)) == len(files(cache, "xla")) == 2  # the batched start and one iteration
     export, fresh_compile = programs.export.export, programs.fresh_compile
     monkeypatch.setattr(programs.export, "export", traced_again)
     monkeypatch.setattr(programs, "fresh_compile", compiled_again)
-    threads, deserialize = [], executables.deserialize  # where the executables are loaded
+    threads, timed, deserialize = [], [], executables.deserialize  # where the executables are loaded
     monkeypatch.setattr(executables, "deserialize", lambda *a: threads.append(threading.current_thread().name)
-                        or deserialize(*a))
+                        or time.sleep(0.2) or deserialize(*a))
+
+    def under_the_clock(compile_now):  # the programs compile_now gives are called only while the clock runs
+        def checked(*args, **kwargs):
+            program, seconds = compile_now(*args, **kwargs)
+            return lambda *a: timed.append(all(f.done() for f in executables.loading.values())) or program(*a), seconds
+        return checked
+    monkeypatch.setattr(stream, "compile_now", under_the_clock(stream.compile_now))
     code, again, _ = run_cli(capsys, *RUN)
     assert code == 0 and json.loads(again)["tokens"] == json.loads(first)["tokens"]
     assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads)  # early, as it began
+    assert len(timed) > 2 and all(timed)  # the prefill and every iteration: nothing was loading
     # Another command loads none of them (they are not its programs: loading them would only slow it), and
     # the first command, run again after it, still finds its own loaded early.
     threads.clear()
@@ -57,8 +68,10 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
         built.setattr(programs, "fresh_compile", fresh_compile)
         run_cli(capsys, *[x if x != "3" else "2" for x in RUN])
     assert threads == []
+    monkeypatch.setattr(stream, "settle", lambda: 0.0)  # and a control: without the wait, the prefill
+    timed.clear()  # meets the iteration's load still going
     run_cli(capsys, *RUN)
-    assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads)
+    assert len(threads) == 2 and all(name.startswith("picospec-load") for name in threads) and not timed[0]
     # The controls: without the last run's names the run loads them itself, when it asks for them; without
     # the executables it compiles; with the folder off, it traces too.
     (cache / "last-run").unlink()
@@ -73,29 +86,6 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
     monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())  # nothing this process built before
     with pytest.raises(AssertionError, match="traced again"):
         run_cli(capsys, *RUN)
-
-
-def test_nothing_loads_in_the_background_while_the_clock_runs(capsys, cache, monkeypatch):
-    """The timed part of a run (the prefill and every iteration) starts only once the executables loading
-    early are loaded: on a machine of few cores a load beside it would slow what it times. The loads are
-    made slow here, so that the iteration's is still going when the start has been loaded."""
-    run_cli(capsys, *RUN)
-    deserialize, timed = executables.deserialize, []
-    monkeypatch.setattr(executables, "deserialize", lambda *a: time.sleep(0.3) or deserialize(*a))
-
-    def under_the_clock(compile_now):  # the programs compile_now returns, called only while the clock runs
-        def checked(*args, **kwargs):
-            program, seconds = compile_now(*args, **kwargs)
-            return lambda *a: timed.append(all(f.done() for f in executables.loading.values())) or program(*a), seconds
-        return checked
-    monkeypatch.setattr(stream, "compile_now", under_the_clock(stream.compile_now))
-    code, _, _ = run_cli(capsys, *RUN)
-    assert code == 0 and len(timed) > 2 and all(timed)
-    # The control: without the wait, the first timed call meets the iteration's load still going.
-    monkeypatch.setattr(stream, "settle", lambda: 0.0)
-    timed.clear()
-    run_cli(capsys, *RUN)
-    assert not timed[0]
 
 
 def test_with_the_folder_off_a_process_runs_its_own_programs_again(capsys, monkeypatch):
