@@ -3,10 +3,11 @@
     python benchmarks/compare_auto.py                    # 8 held-out verses, T = 0 and 0.8, against --K 6
     python benchmarks/compare_auto.py --seeds            # the 3 runs of each prompt with seeds 0, 1, 2
     python benchmarks/compare_auto.py --in-process       # the same texts, raced in one process
+    python benchmarks/compare_auto.py --seeds --against 6    # --K 6 against itself: the race's own noise
 
 Each prompt is the first 4 words of a held-out verse; each contender runs the CLI
-(`--mode compare --n-tokens 200 --json`) 3 times, interleaved with the other, and keeps the median of
-its speedups over autoregressive sampling (each run times both itself). Printed: auto / fixed per
+(`--mode compare --n-tokens 200 --json`) 3 times, interleaved with the other (each first in turn), and
+keeps the median of its speedups over autoregressive sampling (each run times both itself). Printed: auto / fixed per
 prompt, and their median. With --seeds the 3 runs sample with seeds 0, 1, 2 (at T > 0 one sampled
 text is luck); without, all three use the CLI's default seed.
 
@@ -45,13 +46,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--fixed", default="6", help="the fixed K raced (default 6, the README's)")
+    parser.add_argument("--against", default="auto", help="the --K raced against --fixed (default auto; the "
+                        "same as --fixed: the race's own noise, a command against itself)")
     parser.add_argument("--seeds", action="store_true", help="the 3 runs with seeds 0, 1, 2")
     parser.add_argument("--in-process", action="store_true", help="race in one process (seeds 0, 1, 2)")
     parser.add_argument("--rounds", type=int, default=5, help="--in-process: rounds, each keeps its fastest")
     args = parser.parse_args(argv)
     lines = (BUNDLED_DIR / "heldout_sample.txt").read_text().splitlines()[:8]
     prompts = [" ".join(line.split()[:4]) for line in lines]
-    print(f"Machine: {cpu_name()}; bundled pair; --K auto / --K {args.fixed}, median speedup of 3 runs\n")
+    print(f"Machine: {cpu_name()}; bundled pair; --K {args.against} / --K {args.fixed}, median speedup of 3 runs\n")
     print("| T | " + " | ".join(f"{p!r}" for p in prompts) + " | median |\n|---|" + "---|" * (len(prompts) + 1))
     for T in args.temperatures.split(","):
         if args.in_process:
@@ -59,14 +62,15 @@ def main(argv=None):
             print(f"| {T} | " + " | ".join(f"{r:.2f}" for r in ratios) + f" | {statistics.median(ratios):.2f} |",
                   flush=True)
             continue
-        speedup(prompts[0], "auto", T, 0)  # auto's costs timed once, before the race
+        speedup(prompts[0], args.against, T, 0)  # auto's costs timed once, before the race
         ratios = []
         for prompt in prompts:
-            runs = {args.fixed: [], "auto": []}
-            for r in range(3):
-                for K in runs:
-                    runs[K].append(speedup(prompt, K, T, r if args.seeds else 0))
-            ratios.append(statistics.median(runs["auto"]) / statistics.median(runs[args.fixed]))
+            contenders = {"fixed": args.fixed, "against": args.against}
+            runs = {name: [] for name in contenders}
+            for r in range(3):  # each goes first in turn: a run's place in the pair may tell on its time
+                for name, K in list(contenders.items())[::1 if r % 2 == 0 else -1]:
+                    runs[name].append(speedup(prompt, K, T, r if args.seeds else 0))
+            ratios.append(statistics.median(runs["against"]) / statistics.median(runs["fixed"]))
         print(f"| {T} | " + " | ".join(f"{r:.2f}" for r in ratios) + f" | {statistics.median(ratios):.2f} |",
               flush=True)
 
