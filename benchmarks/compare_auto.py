@@ -6,10 +6,10 @@
     python benchmarks/compare_auto.py --seeds --against 6    # --K 6 against itself: the race's own noise
 
 Each prompt is the first 4 words of a held-out verse; each contender runs the CLI
-(`--mode compare --n-tokens 200 --json`) 3 times, interleaved with the other (each first in turn), and
-keeps the median of its speedups over autoregressive sampling (each run times both itself). Printed: auto / fixed per
-prompt, and their median. With --seeds the 3 runs sample with seeds 0, 1, 2 (at T > 0 one sampled
-text is luck); without, all three use the CLI's default seed.
+(`--mode compare --n-tokens 200 --json`) 3 times, interleaved with the other (each first in turn),
+and keeps the median of its speedups over autoregressive sampling (each run times both itself).
+Printed: auto / fixed per prompt, and their median. With --seeds the 3 runs sample with seeds 0, 1,
+2 (at T > 0 one sampled text is luck); without, all three use the CLI's default seed.
 
 Each CLI speedup is a ratio of two timings in one process, and the race divides two of them from
 different processes: on a shared machine a prompt's figure moves by up to 0.2 between runs. With
