@@ -68,6 +68,8 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
         built.setattr(programs, "fresh_compile", fresh_compile)
         run_cli(capsys, *[x if x != "3" else "2" for x in RUN])
     assert threads == []
+    runs = executables.last_runs(cache)  # each command's own start and iteration, though one process ran both
+    assert len(runs) == 2 and all(len(names) == 2 for names in runs.values())
     monkeypatch.setattr(stream, "settle", lambda: 0.0)  # and a control: without the wait, the prefill
     timed.clear()  # meets the iteration's load still going
     run_cli(capsys, *RUN)

@@ -92,6 +92,7 @@ def load_early(folder: Path, key: str):
     another in a background thread (XLA loads one at a time)."""
     global command
     command = key
+    used.clear()  # a process that runs several commands (a notebook) files each under its own
     names = last_runs(folder).get(key, [])
     if not names:
         return
