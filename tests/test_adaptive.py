@@ -321,11 +321,11 @@ def test_not_drafting_needs_evidence_first_and_then_stays():
 
 
 def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
-    """The bundled pair's costs (ms, 64 tokens a row). One row, its prompt's prior (2, 1): the posterior
+    """The bundled pair's costs (ms, 64 tokens a row). One row, a prior of (2, 1): the posterior
     alone chooses k = 0, but alpha is so uncertain that looking pays, until too few tokens are left for
-    what it may find to pay back. Eight rows, their prompts' prior pooled (39, 11):
+    what it may find to pay back. Eight rows, their prompts' prior pooled (38, 4):
     no look pays, so the draft stops before its first call (and is never prefilled); the control, the
-    rule without a horizon, looks first. Four rows at T = 0.8, (20, 4) weighed: the draft's prefill is
+    rule without a horizon, looks first. Four rows at T = 0.8, (16.4, 3.6) weighed: the draft's prefill is
     what tips the first look; once paid, looks pay. On a GPU (an H200's costs) no look pays even after an
     optimistic prompt of a few tokens: the draft never runs."""
     chosen = jax.jit(choose_k, static_argnames="pool")  # one program for every policy and pool below
@@ -338,12 +338,12 @@ def test_k_0_waits_until_no_number_of_looks_would_pay_for_itself():
     eight = Policy(jnp.float32(0), jnp.float32([2.72, 5.8, 8.14, 9.2, 13.32, 13.47, 14.13, 14.59]), jnp.float32(0),
                    horizon=64.0, prefill=4.48)
     rows8 = lambda x: 8 * x  # noqa: E731  a batch of 8 rows pools its evidence
-    assert int(chosen(eight, 39 / 8, 11 / 8, rows8, first=True)) == 0
-    assert int(chosen(dataclasses.replace(eight, horizon=jnp.inf), 39 / 8, 11 / 8, rows8, first=True)) > 0
+    assert int(chosen(eight, 38 / 8, 4 / 8, rows8, first=True)) == 0
+    assert int(chosen(dataclasses.replace(eight, horizon=jnp.inf), 38 / 8, 4 / 8, rows8, first=True)) > 0
     four = Policy(jnp.float32(0), jnp.float32([1.84, 3.85, 4.85, 5.26, 7.14, 7.56, 8.34, 8.72]), jnp.float32(0),
                   horizon=64.0, prefill=2.57, evidence_to_stop=32)
     rows4 = lambda x: 4 * x  # noqa: E731
-    assert int(chosen(four, 5.0, 1.0, rows4, first=True)) == 0 and int(chosen(four, 5.0, 1.0, rows4)) == 3
+    assert int(chosen(four, 4.11, 0.89, rows4, first=True)) == 0 and int(chosen(four, 4.11, 0.89, rows4)) == 3
     gpu = Policy(jnp.float32(0), jnp.float32([0.28, 1.27, 1.46, 1.60, 1.63, 1.77, 1.91, 2.04]), jnp.float32(0),
                  horizon=64.0, prefill=0.3)  # a GPU's: a draft call costs 5-7 target steps, so only alpha ~ 1 pays
     for prior in [(2.57, 0.43), (6.69, 1.31), (8.0, 0.0)]:  # one prompt's, sampled and greedy: optimistic ones
@@ -400,16 +400,19 @@ def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
 
 
 def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_stays_exact():
-    """The CLI's prior (options.prompt_prior): the beta of the prompt's own tokens, a row's share. A draft
-    the target never agrees with on the prompt stops before its first call; one it always agrees with
-    brings no failures. Greedy output stays the target's (the choice of k looks only at the past)."""
+    """The CLI's prior (options.prompt_prior): the beta of the prompt's own tokens after its first, a row's
+    share. A draft the target never agrees with on the prompt stops before its first call; one it always
+    agrees with brings no failures; a prompt of one token brings no evidence. Greedy output stays the
+    target's (the choice of k looks only at the past)."""
     from picospec.tools.cli.options import prompt_prior
     v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
     policy, prompt, greedy = Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
     unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
     doubtful = prompt_prior(policy, unrelated, TARGET, [prompt], greedy)
-    assert float(doubtful.prior[0]) < 2 and float(sum(doubtful.prior)) == len(prompt)
-    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [len(prompt), 0]
+    assert float(doubtful.prior[0]) < 2 and float(sum(doubtful.prior)) == len(prompt) - 1
+    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [len(prompt) - 1, 0]
+    assert prompt_prior(policy, TARGET, TARGET, [prompt, [5]], greedy).prior.tolist() == [(len(prompt) - 1) / 2, 0]
+    assert prompt_prior(policy, unrelated, TARGET, [[5], [2]], greedy) is policy  # one token each: no evidence
     out, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
                                              policy=doubtful)
     assert not np.asarray(trace.k[:int(trace.n_steps)]).any()  # never drafted

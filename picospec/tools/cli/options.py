@@ -82,8 +82,8 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
 
 def make_policy(args, draft, target, prompts):
     """The policy.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
-    them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position counts as
-    a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
+    them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position after the
+    first counts as a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
     then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
@@ -96,11 +96,16 @@ def make_policy(args, draft, target, prompts):
 
 
 def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
-    """The policy with a row's share of the beta at every prompt position as its prior evidence."""
-    p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1)
+    """The policy with a row's share of the beta at the prompts' positions as its prior evidence: every
+    position but each prompt's first, whose context is one token. There both models' laws are their
+    flattest, and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24
+    held-out verses, against 71-92% at every later position and 87% on the target's own text), while
+    every draft the loop judges follows a whole prompt."""
+    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in prompts])  # [positions]: all but the first
+    p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1) if later.any() else (None, None)
     if p is None:
         return policy
-    beta = np.minimum(p, q).sum(-1)  # [positions]: each prompt token's chance, had the draft proposed it
+    beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
     return dataclasses.replace(policy, prior=jnp.float32([beta.sum(), (1 - beta).sum()]) / len(prompts))
 
 
