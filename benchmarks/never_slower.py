@@ -3,13 +3,14 @@
     python benchmarks/never_slower.py                      # the bundled pair, B = 1, 2, 4, 8, 16, T = 0 and 0.8
     python benchmarks/never_slower.py --pair gpt2-shaped --batches 1,4 --n-tokens 24
 
-Each contender generates n tokens after each of B prompts (the first words of the held-out verses,
-of different lengths) as one batch, once for each of --seeds sets of keys at T > 0, and at least 16
-texts in all (one sampled text is luck: two contenders' texts differ, and so do their tokens per call,
-by up to 1.7x at B = 1); every round runs all the contenders in turn, in a shuffled order. The best
+Each contender generates n tokens after each of B prompts (the first words of held-out verses, of
+different lengths) as one batch, for each of ceil(--texts / B) sets of B prompts and keys, each set
+its own verses (one text is luck: greedy, a text that suits long drafts makes a fixed K = 7 look best
+in hindsight; sampled, two contenders' texts differ, and so do their tokens per call, by up to 1.7x
+at B = 1); every round runs all the contenders in turn, in a shuffled order. The best
 fixed K is the one auto trails most by the median of the rounds' ratios. auto compiles for K_max = 7 (the
 CLI's) and weighs the iteration times tools/cli/costs.py measures for this B (k = 0 included: the
-target alone), from the prompts' prior, knowing the n tokens each row makes. Printed: one markdown
+target alone), from each set's prompts' prior, knowing the n tokens each row makes. Printed: one markdown
 row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto (each its fastest
 round), and auto's ratios to them: of the fastest rounds, and the median of the rounds' ratios (both
 contenders in one round meet the same spell of a noisy machine).
@@ -36,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402
 
 
-def bundled_prompts(B: int) -> list[list[int]]:
-    """The first 3 to 6 words of each of the first B held-out verses, as token ids."""
+def bundled_prompts(B: int, first: int = 0) -> list[list[int]]:
+    """The first 3 to 6 words of each of B held-out verses from the first-th on, as token ids."""
     lines = (BUNDLED_DIR / "heldout_sample.txt").read_text().splitlines()
     tokenizer = picospec.load_tokenizer("tiny-target")
-    return [tokenizer.encode(" ".join(line.split()[:3 + b % 4])).ids for b, line in enumerate(lines[:B])]
+    return [tokenizer.encode(" ".join(line.split()[:3 + b % 4])).ids for b, line in enumerate(lines[first:first + B])]
 
 
 def main(argv=None):
@@ -51,15 +52,15 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--fixed", default="1,2,3,4,5,6,7", help="the fixed K raced")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seeds", type=int, default=4, help="sets of keys each contender samples with at T > 0 "
-                        "(more where B is small: 16 texts at least)")
+    parser.add_argument("--texts", type=int, default=16, help="texts each contender makes a round, at least: "
+                        "ceil(texts / B) sets of B prompts and keys")
     args = parser.parse_args(argv)
     if args.pair == "bundled":
         draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
         prompts_for = bundled_prompts
     else:
         draft, target, two = gpt2_shaped()
-        prompts_for = lambda B: [two[b % 2][:2 + b % 3] for b in range(B)]  # noqa: E731
+        prompts_for = lambda B, first: [two[(first + b) % 2][:2 + (first + b) % 3] for b in range(B)]  # noqa: E731
     n, fixed = args.n_tokens, [int(k) for k in args.fixed.split(",")]
     device = jax.devices()[0]
     on = "" if device.platform == "cpu" else f"{device.device_kind} ({device.platform}), host "
@@ -69,21 +70,20 @@ def main(argv=None):
           "(median of rounds) | auto / best fixed (median) | auto's k per call |\n|---|---|---|---|---|---|---|---|")
     for T in [float(t) for t in args.temperatures.split(",")]:
         for B in [int(b) for b in args.batches.split(",")]:
-            prompts = prompts_for(B)
-            seeds = max(args.seeds, -(-16 // B)) if T > 0 else 1  # at least 16 sampled texts a contender
-            key_sets = [jax.random.split(jax.random.key(seed), B) for seed in range(seeds)]
-            capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
-            auto = prompt_prior(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), draft, target,
-                                prompts, Sampling(T))  # as the CLI: the prompts' beta as its prior,
-            auto = dataclasses.replace(auto, horizon=n)  # and the tokens each row generates
+            sets = [(prompts_for(B, B * i), jax.random.split(jax.random.key(i), B)) for i in range(-(-args.texts // B))]
+            capacity = max(batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3] for prompts, _ in sets)
+            auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), horizon=n)
+            autos = [prompt_prior(auto, draft, target, prompts, Sampling(T)) for prompts, _ in sets]  # as the CLI:
+            # this machine's costs for B rows, the tokens each row makes, and each set's prompts' beta as its prior
 
-            def spec(**kw):
-                return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T, **kw)
-                                for keys in key_sets]
+            def spec(policies=None, **kw):
+                return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T,
+                                                                  policy=policies and policies[i], **kw)
+                                for i, (prompts, keys) in enumerate(sets)]
 
             contenders = {"ar": lambda: [picospec.autoregressive_sample_batch(target, prompts, n, keys, temperature=T)
-                                         for keys in key_sets]}
-            contenders |= {f"K={K}": spec(K=K) for K in fixed} | {"auto": spec(K=AUTO_K_MAX, policy=auto)}
+                                         for prompts, keys in sets]}
+            contenders |= {f"K={K}": spec(K=K) for K in fixed} | {"auto": spec(autos, K=AUTO_K_MAX)}
             results = {name: jax.block_until_ready(run()) for name, run in contenders.items()}  # compile
             laps = {name: [] for name in contenders}
             order = np.random.default_rng(B)
@@ -93,7 +93,7 @@ def main(argv=None):
                     jax.block_until_ready(contenders[name]())
                     laps[name].append(time.perf_counter() - t0)
             laps = {name: np.array(seconds) for name, seconds in laps.items()}
-            speed = {name: B * n * len(key_sets) / seconds.min() for name, seconds in laps.items()}
+            speed = {name: B * n * len(sets) / seconds.min() for name, seconds in laps.items()}
             over = lambda name: np.median(laps[name] / laps["auto"])  # noqa: E731  round by round: a slow spell hits both
             top = min((f"K={K}" for K in fixed), key=over)  # the best by the same measure
             k = np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])]) for _, trace in results["auto"]
