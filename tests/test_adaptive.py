@@ -3,6 +3,7 @@ every verifier exact (enumerated on a 4-token vocabulary, sampled through the lo
 of k is the theory module's."""
 
 import dataclasses
+import json
 import sys
 from functools import partial
 
@@ -18,7 +19,7 @@ from test_verifiers import (RESIDUALS, V, add, block_law, markov_tables, markov_
 
 import picospec
 from picospec import Sampling, adaptive, theory
-from picospec.policy import Policy, alpha_estimate, choose_k, evidence, fixed
+from picospec.policy import ALIKE, Policy, alpha_estimate, choose_k, evidence, fixed
 from picospec.sampling import logits_to_probs
 from picospec.tools.cli.stream import stream
 from picospec.verifiers import RULES
@@ -400,19 +401,22 @@ def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
 
 
 def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_stays_exact():
-    """The CLI's prior (options.prompt_prior): the beta of the prompt's own tokens after its first, a row's
-    share. A draft the target never agrees with on the prompt stops before its first call; one it always
-    agrees with brings no failures; a prompt of one token brings no evidence. Greedy output stays the
-    target's (the choice of k looks only at the past)."""
+    """The CLI's prior (options.prompt_prior), a row's share: the pair's alpha on the target's own text as
+    ALIKE judged drafts, then the beta of the prompt's own tokens after its first. A draft the target never
+    agrees with stops before its first call; one it always agrees with brings no failures; a prompt of one
+    token brings only the pair's. Greedy output stays the target's (the choice of k looks only at the past)."""
     from picospec.tools.cli.options import prompt_prior
+    from picospec.tools.cli.typical import alpha
     v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
     policy, prompt, greedy = Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
     unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
+    assert alpha(TARGET, TARGET, greedy) == 1 and alpha(unrelated, TARGET, greedy) < 0.5
     doubtful = prompt_prior(policy, unrelated, TARGET, [prompt], greedy)
-    assert float(doubtful.prior[0]) < 2 and float(sum(doubtful.prior)) == len(prompt) - 1
-    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [len(prompt) - 1, 0]
-    assert prompt_prior(policy, TARGET, TARGET, [prompt, [5]], greedy).prior.tolist() == [(len(prompt) - 1) / 2, 0]
-    assert prompt_prior(policy, unrelated, TARGET, [[5], [2]], greedy) is policy  # one token each: no evidence
+    assert float(doubtful.prior[0]) < 2 + ALIKE / 2 and float(sum(doubtful.prior)) == pytest.approx(ALIKE + len(prompt) - 1)
+    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [ALIKE / 2 + len(prompt) - 1, 0]
+    alone = prompt_prior(policy, unrelated, TARGET, [[5], [2]], greedy).prior  # one token each: the pair's alone
+    np.testing.assert_allclose(alone, np.float32([alpha(unrelated, TARGET, greedy), 1 - alpha(unrelated, TARGET, greedy)])
+                               * ALIKE / 2, rtol=1e-6)
     out, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
                                              policy=doubtful)
     assert not np.asarray(trace.k[:int(trace.n_steps)]).any()  # never drafted
@@ -422,6 +426,35 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
     _, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
                                            policy=no_prior)
     assert np.asarray(trace.k[:2]).all()  # the control: without the prior it drafts first
+
+
+def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_and_sampling(tmp_path, monkeypatch):
+    """typical.alpha, greedy: the share of the target's own greedy tokens after which the draft's top choice is
+    the target's, checked against texts written one at a time with the single-prompt sampler. Kept in
+    costs.json: read back, not measured again; another sampling, or a draft of the same shapes with other
+    weights, is measured afresh."""
+    from picospec.gpt2 import logits
+    from picospec.tools.cli import typical
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
+    draft, eos = early_exit(TARGET, 1), TARGET.config.eos_token_id
+    first = np.argsort(-np.asarray(logits(TARGET, [eos]))[-1])[:typical.TEXTS]
+    agree = []
+    for token in first:
+        n = min(typical.TOKENS, TARGET.config.n_positions - 2)
+        text = [eos, int(token)] + np.asarray(picospec.autoregressive_sample(TARGET, [eos, int(token)], n,
+                                                                             jax.random.key(0), temperature=0)).tolist()
+        top = [np.asarray(logits(model, text)).argmax(-1)[2:] for model in (draft, TARGET)]  # after its own tokens
+        agree += (top[0] == top[1]).tolist()
+    assert typical.alpha(draft, TARGET, Sampling(0.0)) == pytest.approx(np.mean(agree), abs=1e-6)
+    assert 0.2 < np.mean(agree) < 0.95  # neither end: the check means something
+    monkeypatch.setattr(typical, "measure", lambda *args: pytest.fail("measured again"))
+    assert typical.alpha(draft, TARGET, Sampling(0.0)) == pytest.approx(np.mean(agree), abs=1e-6)
+    monkeypatch.undo()
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
+    other = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=1)  # draft's shapes, other weights
+    assert typical.alpha(other, TARGET, Sampling(0.0)) != typical.alpha(draft, TARGET, Sampling(0.0))
+    assert 0 < typical.alpha(draft, TARGET, Sampling(0.8)) < 1
+    assert len(json.loads((tmp_path / "costs.json").read_text())) == 3
 
 
 def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_together():

@@ -159,6 +159,12 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
            f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
+    return remembered(key, lambda: measure(draft, target, K_max, capacity, sampling, B, streamed))
+
+
+def remembered(key: str, compute) -> dict:
+    """compute(), a dict, kept in costs.json in the compile cache's folder under key: what an earlier run
+    on this machine found, if it did. Unreadable or of an older form: computed and written afresh."""
     folder = cache_folder()
     path = folder / "costs.json" if folder else None
     try:
@@ -166,7 +172,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     except (OSError, ValueError):
         known = {}  # unreadable: time it again and write it afresh
     if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
-        known[key] = measure(draft, target, K_max, capacity, sampling, B, streamed)
+        known[key] = compute()
         if path:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,10 @@ from picospec.batch import batch_buffers
 from picospec.dynamic import Grown, calibration, grown
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model, logits
-from picospec.policy import Policy, fixed
+from picospec.policy import ALIKE, Policy, fixed
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
+from picospec.tools.cli import typical
 from picospec.tools.cli.costs import auto_policy
 from picospec.tree import Shape
 
@@ -82,9 +83,9 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
 
 def make_policy(args, draft, target, prompts):
     """The policy.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
-    them (costs.py), and starts from the beta of the prompts' own tokens (a prior: each position after the
-    first counts as a judged draft, whether or not the draft is alike there; a draft the target never agrees with can
-    then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
+    them (costs.py), and starts from a prior (prompt_prior: the pair on the target's own text, then the
+    prompts' own tokens, each position after the first a judged draft; a draft the target never agrees
+    with can then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
@@ -96,17 +97,22 @@ def make_policy(args, draft, target, prompts):
 
 
 def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
-    """The policy with a row's share of the beta at the prompts' positions as its prior evidence: every
-    position but each prompt's first, whose context is one token. There both models' laws are their
-    flattest, and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24
-    held-out verses, against 71-92% at every later position and 87% on the target's own text), while
-    every draft the loop judges follows a whole prompt."""
-    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in prompts])  # [positions]: all but the first
-    p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1) if later.any() else (None, None)
-    if p is None:
+    """The policy with its prior evidence, a row's share: the pair's alpha on the target's own text
+    (typical.py) as policy.ALIKE judged drafts, and then the beta at the prompts' positions, every one
+    but each prompt's first, whose context is one token. There both models' laws are their flattest,
+    and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24 held-out
+    verses, against 71-92% at every later position), while every draft the loop judges follows a
+    whole prompt. A draft that is not a model: no prior."""
+    if not isinstance(draft, Model):
         return policy
-    beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
-    return dataclasses.replace(policy, prior=jnp.float32([beta.sum(), (1 - beta).sum()]) / len(prompts))
+    alpha = typical.alpha(draft, target, sampling)
+    evidence = ALIKE * np.float32([alpha, 1 - alpha])  # (successes, failures)
+    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in prompts])  # [positions]: all but the first
+    if later.any():
+        p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1)
+        beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
+        evidence += [beta.sum(), (1 - beta).sum()]
+    return dataclasses.replace(policy, prior=jnp.float32(evidence) / len(prompts))
 
 
 def k_used(steps) -> dict:
