@@ -4,12 +4,12 @@ The drafts the loop judges follow the target's own text, and a draft agrees with
 with a person's (on the bundled pair, greedy: 87% of drafts after the target's text, 79% after the
 held-out verses'). A prompt is a few tokens of a person's text: alone, it is a prior weak and low enough
 to stop a draft that would pay (a 3-word prompt, one of two positions accepted, stopped a draft that
-would have finished 1.3x sooner by the timed costs). So the prior starts from the pair on the target's own text: TEXTS texts of
-TOKENS tokens that the target writes from the start of a document (greedy: one after each of its
-TEXTS likeliest first tokens; sampled: as the run samples), each draft's chance of acceptance after
-them, beta = sum_x min(p(x), q(x)), averaged. Measured once for the pair and the sampling, and kept with
-the costs (costs.remembered). options.prompt_prior counts it as policy.ALIKE judged drafts: another text
-of the same two models, alike but not the same.
+would have finished 1.3x sooner by the timed costs). So the prior starts from the pair on the target's
+own text: TEXTS texts of TOKENS tokens that the target writes from the start of a document (greedy: one
+after each of its TEXTS likeliest first tokens; sampled: as the run samples), each draft's chance of
+acceptance after them, beta = sum_x min(p(x), q(x)), averaged. Measured once for the pair and the
+sampling, and kept with the costs (costs.remembered). options.prompt_prior counts it as policy.ALIKE
+judged drafts: another text of the same two models, alike but not the same.
 """
 
 import hashlib
