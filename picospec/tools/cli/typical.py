@@ -21,6 +21,7 @@ import numpy as np
 from picospec.gpt2 import Model, logits
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools.cli.costs import describe, remembered
+from picospec.tools.samplers import autoregressive_sample_batch
 
 TEXTS, TOKENS = 8, 32  # the texts the target writes, and their tokens (fewer where its context is shorter)
 
@@ -40,8 +41,6 @@ def weighs(model: Model) -> str:
 
 
 def measure(draft: Model, target: Model, sampling: Sampling) -> float:
-    from picospec.tools.samplers import autoregressive_sample_batch  # the CLI has it loaded by now
-
     eos = target.config.eos_token_id
     if sampling.greedy:  # greedy, one text a start: the document's likeliest first tokens
         first = np.argsort(-np.asarray(logits(target, [eos]))[-1])[:TEXTS]
