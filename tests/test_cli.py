@@ -118,6 +118,29 @@ def test_timed_costs_take_the_shape_of_an_iteration():
     assert cost_model.never_less(slow) == slow  # the control
 
 
+def test_a_timing_leaves_the_k_between_a_blocks_ends_to_the_fit():
+    """K_max = 7 scores blocks of 2, 4 and 8 positions: k = 0, 1, 2, 3, 4 and 7 are timed, 5 and 6 follow from
+    the fit (one c within a block), exactly when the timing has the shape."""
+    assert cost_model.worth_timing(7) == [0, 1, 2, 3, 4, 7] and cost_model.worth_timing(3) == [0, 1, 2, 3]
+    shaped = [1.0] + [2.0 + 0.3 * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    timed = [x if k in cost_model.worth_timing(7) else np.nan for k, x in enumerate(shaped)]
+    np.testing.assert_allclose(cost_model.per_block(timed), shaped)
+
+
+def test_rounds_of_timing_go_on_until_what_a_draft_adds_is_settled():
+    """c (what a draft adds, over v(0)) is settled when the standard error of the rounds' median c is within the
+    precision: five rounds that agree settle it; five whose c is 0.09 either side of 0.15 (a slow spell) do not,
+    and twenty such rounds do. A K_max whose blocks hold one k each does not time c at all: settled at once."""
+    def shaped(c):
+        return [1.0] + [2.0 + c * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    spread = 0.15 + 0.09 * (-1.0) ** np.arange(20)  # sd 0.09: standard error 0.05 over 5 rounds, 0.026 over 20
+    assert cost_model.settled([shaped(0.15 + d) for d in (0.0, 0.01, -0.01, 0.005, 0.0)], 0.03)
+    assert not cost_model.settled([shaped(c) for c in spread[:5]], 0.03)  # the control: noisy rounds go on
+    assert cost_model.settled([shaped(c) for c in spread], 0.03)
+    assert not cost_model.settled([shaped(0.15)], 0.03)  # one round has no spread to judge by
+    assert cost_model.settled([[1.0, 2.0, 3.0]], 0.03)  # K_max = 2: blocks of 2 and 3 positions, one k each
+
+
 @pytest.mark.slow
 def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))

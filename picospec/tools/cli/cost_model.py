@@ -6,6 +6,9 @@ one block size, v(k) grows by the same c for each draft: v(k) = v_block + k c. A
 (least squares, one c, one v_block per block size), and then never falls as k grows. On a shared
 2-core machine one lap can be 10% off; the fit spreads it over the block's other k, where it would
 otherwise have auto draft 5 rather than 7 a call for a lap that timed 7 too slow.
+
+c itself is the costs' least certain part (a difference of laps a few drafts apart: one round's c varies
+by 0.1 of v(0) in a slow spell), so rounds are raced until their median c is `settled`.
 """
 
 import numpy as np
@@ -13,16 +16,48 @@ import numpy as np
 from picospec.score_first import score_sizes
 
 
-def per_block(v: list) -> list:
-    """v [K+1] (k = 0: the target alone, kept as timed) fitted to v_block(size(k)) + k c for k >= 1."""
+def blocks(K: int) -> list[int]:
+    """[K]: for k = 1..K, the index in score_sizes(K) of the block the target scores."""
+    return [next(b for b, size in enumerate(score_sizes(K)) if size >= k + 1) for k in range(1, K + 1)]
+
+
+def worth_timing(K: int) -> list[int]:
+    """The k a timing needs: 0, and each block's fewest and most drafts (K = 7: 0, 1, 2, 3, 4, 7). The k
+    between add little to the fit (its slope rests on the ends) and take as long to time."""
+    b = [None] + blocks(K) + [None]  # b[k] for k = 1..K, and none past either end
+    return [0] + [k for k in range(1, K + 1) if b[k - 1] != b[k] or b[k] != b[k + 1]]  # a block's first or last
+
+
+def fit(v: list) -> tuple[np.ndarray, np.ndarray]:
+    """The design [K, 1 + blocks] (columns: k, then one indicator per block size) and the least-squares
+    coefficients (c, then each v_block) of v[1:] = v_block(size(k)) + k c, over the k timed (not NaN)."""
     K = len(v) - 1
-    sizes = score_sizes(K)
-    block = [next(b for b, size in enumerate(sizes) if size >= k + 1) for k in range(1, K + 1)]  # [K]
-    X = np.zeros((K, 1 + len(sizes)))  # columns: c, then one v_block per block size
+    X = np.zeros((K, 1 + len(score_sizes(K))))  # columns: c, then one v_block per block size
     X[:, 0] = np.arange(1, K + 1)
-    X[np.arange(K), 1 + np.array(block)] = 1.0
-    coef = np.linalg.lstsq(X, np.asarray(v[1:], float), rcond=None)[0]
+    X[np.arange(K), 1 + np.array(blocks(K))] = 1.0
+    timed = ~np.isnan(np.asarray(v[1:], float))
+    return X, np.linalg.lstsq(X[timed], np.asarray(v[1:], float)[timed], rcond=None)[0]
+
+
+def per_block(v: list) -> list:
+    """v [K+1] (k = 0: the target alone, kept as timed; NaN: not timed) fitted to v_block(size(k)) + k c
+    for k >= 1."""
+    X, coef = fit(v)
     return [float(v[0])] + (X @ coef).tolist()
+
+
+def settled(rounds: list, precision: float) -> bool:
+    """Whether rounds of timings (each v [K+1] over its own v(0)) pin down what a draft adds, c, to
+    within `precision` of v(0): the standard error of their median c, 1.25 sd / sqrt(n). c is the
+    difference of two timings a few drafts apart, the costs' noisiest part, and it decides how far
+    auto drafts (timed 0.31 of v(0) where it is 0.13, auto drafts 3 a call where 7 pays). A K_max with
+    no block of two k or more does not time c: settled at once."""
+    if rounds and len(score_sizes(len(rounds[0]) - 1)) == len(rounds[0]):
+        return True
+    if len(rounds) < 2:
+        return False
+    c = [fit(v)[1][0] for v in rounds]
+    return 1.2533 * np.std(c, ddof=1) / np.sqrt(len(c)) <= precision
 
 
 def never_less(v: list) -> list:

@@ -23,7 +23,6 @@ left out, they undercount the fixed part of every iteration and auto drafts too 
 """
 
 import dataclasses
-import json
 import statistics
 import time
 from functools import partial
@@ -39,8 +38,8 @@ from picospec.policy import Policy
 from picospec.sampling import Sampling
 from picospec.score_first import score_sizes
 from picospec.speculative import start, target_alone
-from picospec.tools.cli.cost_model import never_less, per_block
-from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.cli.cost_model import never_less, per_block, settled, worth_timing
+from picospec.tools.cli.jit_cache import remembered
 from picospec.tools.cli.programs import source_digest
 from picospec.tools.samplers import plug_in
 from picospec.verifiers import accept_or_resample
@@ -68,14 +67,15 @@ def _iterations(draft, target, state, K: int, sampling: Sampling, calls, step):
     return jax.lax.fori_loop(0, calls, one, state)
 
 
-def race_laps(rounds=3, **contenders) -> tuple[list, dict]:
+def race_laps(rounds=3, *, warm=True, **contenders) -> tuple[list, dict]:
     """The contenders called in turn, round after round, so that a slow spell on a shared machine slows
-    them alike: ([{name: seconds} for each round], {name: first call, which warms up and compiles})."""
+    them alike: ([{name: seconds} for each round], {name: first call, which warms up and compiles; none
+    when not `warm`})."""
     def seconds(fn):
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
-    warmup = {name: seconds(fn) for name, fn in contenders.items()}
+    warmup = {name: seconds(fn) for name, fn in contenders.items()} if warm else {}
     return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
 
 
@@ -98,16 +98,19 @@ def warm(iteration, draft, target, state, n_end, sampling) -> float:
 
 
 LAP_SECONDS = 0.1  # each k's lap of iterations lasts at least this long
+ROUNDS = 5, 20  # rounds of laps: at least, and at most while c is not settled to PRECISION
+PRECISION = 0.03  # of v(0), the standard error wanted of what a draft adds (cost_model.settled)
 
 
-def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1, streamed: bool = False,
-            rounds: int = 5) -> dict:
+def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1,
+            streamed: bool = False) -> dict:
     """{"v": [seconds per iteration of B rows that drafts k, for k = 0..K_max], "prefill": seconds of the
-    draft's prefill of B prompts of 16 tokens (what a short prompt is padded to)}, timed now: each k runs n iterations
-    a lap (n doubled until a lap takes LAP_SECONDS, so the call's own fixed cost, ~4 ms on the
-    bundled pair, hardly counts), all raced in turn, round after round. Returned: the median over the
+    draft's prefill of B prompts of 16 tokens (what a short prompt is padded to)}, timed now: each k worth
+    timing (cost_model.worth_timing) runs n iterations a lap (n doubled until a lap takes LAP_SECONDS, so
+    the call's own fixed cost, ~4 ms on the bundled pair, hardly counts), all raced in turn, round after
+    round, until the rounds settle what a draft adds (cost_model.settled). Returned: the median over the
     rounds of each k's time over k = 0's in the same round, times k = 0's median, and so the prefill's;
-    v then given the shape an iteration's time has (cost_model.py).
+    v then given the shape an iteration's time has (cost_model.py), the k not timed included.
     streamed: each plus what a call and a read of its report per iteration add, the k = 0 lap run so
     against in one call."""
     P = max(1, min(32, capacity - K_max - 2))  # a prompt, leaving room for an iteration's tokens
@@ -135,20 +138,29 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
     def prefills(n):
         return lambda: [jax.block_until_ready(fill(state.tokens)) for _ in range(n)]
 
+    ks = worth_timing(K_max)
     runs, calls = {}, {}
-    for name, laps in [(str(k), partial(run, k)) for k in range(K_max + 1)] + [("prefill", prefills)]:
+    for name, laps in [(str(k), partial(run, k)) for k in ks] + [("prefill", prefills)]:
         n = 1
         while race_laps(1, once=laps(n))[0][0]["once"] < LAP_SECONDS:
             n *= 2
         runs[name], calls[name] = laps(n), n
     if streamed:  # k = 0 once more, one call an iteration: what streaming adds to every iteration
         runs["per call"], calls["per call"] = run(0, calls["0"], per=1), calls["0"]
-    laps, _ = race_laps(rounds, **runs)
-    per_call = [{k: lap[k] / calls[k] for k in runs} for lap in laps]
-    alone = statistics.median(t["0"] for t in per_call)
-    extra = statistics.median(t["per call"] - t["0"] for t in per_call) if streamed else 0.0
-    relative = {name: alone * statistics.median(t[name] / t["0"] for t in per_call) for name in runs}
-    timed = [extra + relative[str(k)] for k in range(K_max + 1)]
+    def per_call(laps):
+        return [{name: lap[name] / calls[name] for name in runs} for lap in laps]
+
+    def v(t):  # [K_max + 1]: one round's (or the medians') time of each k, NaN for a k left to the fit
+        return [t[str(k)] if k in ks else float("nan") for k in range(K_max + 1)]
+
+    laps = race_laps(ROUNDS[0], **runs)[0]
+    while len(laps) < ROUNDS[1] and not settled([np.divide(v(t), t["0"]) for t in per_call(laps)], PRECISION):
+        laps += race_laps(1, warm=False, **runs)[0]
+    rounds = per_call(laps)
+    alone = statistics.median(t["0"] for t in rounds)
+    extra = statistics.median(t["per call"] - t["0"] for t in rounds) if streamed else 0.0
+    relative = {name: alone * statistics.median(t[name] / t["0"] for t in rounds) for name in runs}
+    timed = [extra + x for x in v(relative)]
     return {"v": never_less(per_block(timed)), "prefill": relative["prefill"]}
 
 
@@ -160,26 +172,6 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
     key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
            f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
     return remembered(key, lambda: measure(draft, target, K_max, capacity, sampling, B, streamed))
-
-
-def remembered(key: str, compute) -> dict:
-    """compute(), a dict, kept in costs.json in the compile cache's folder under key: what an earlier run
-    on this machine found, if it did. Unreadable or of an older form: computed and written afresh."""
-    folder = cache_folder()
-    path = folder / "costs.json" if folder else None
-    try:
-        known = json.loads(path.read_text()) if path and path.exists() else {}
-    except (OSError, ValueError):
-        known = {}  # unreadable: time it again and write it afresh
-    if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
-        known[key] = compute()
-        if path:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(known, indent=1))
-            except OSError:
-                pass  # a read-only cache folder: measure again next time
-    return known[key]
 
 
 def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,

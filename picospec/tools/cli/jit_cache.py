@@ -4,7 +4,7 @@ Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT
 the compiled programs depend only on the shapes, dtypes and static options, not on the prompt. So the
 CLI and the benchmark keep them on disk, and a second run of the same command loads them instead
 (programs.py keeps the traced programs in programs/ there, so that a second run does not trace either,
-and costs.py the iteration times `--K auto` weighs, in costs.json).
+and costs.py the iteration times `--K auto` weighs, in costs.json: `remembered`).
 
 The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit).
 PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB:
@@ -12,6 +12,7 @@ the weights are arguments, not constants), and deleting the folder is always saf
 A JAX_COMPILATION_CACHE_DIR set by the user is left as it is.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -45,3 +46,23 @@ def settings(folder: Path) -> dict:
             "jax_persistent_cache_min_compile_time_secs": 0.0,  # even the sub-second ones add up
             "jax_persistent_cache_min_entry_size_bytes": 0,
             "jax_compilation_cache_max_size": 1 << 30}  # least recently used go beyond 1 GiB
+
+
+def remembered(key: str, compute) -> dict:
+    """compute(), a dict, kept in costs.json in the compile cache's folder under key: what an earlier run
+    on this machine found, if it did. Unreadable or of an older form: computed and written afresh."""
+    folder = cache_folder()
+    path = folder / "costs.json" if folder else None
+    try:
+        known = json.loads(path.read_text()) if path and path.exists() else {}
+    except (OSError, ValueError):
+        known = {}  # unreadable: time it again and write it afresh
+    if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
+        known[key] = compute()
+        if path:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(known, indent=1))
+            except OSError:
+                pass  # a read-only cache folder: measure again next time
+    return known[key]

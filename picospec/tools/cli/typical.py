@@ -8,7 +8,7 @@ would have finished 1.3x sooner by the timed costs). So the prior starts from th
 own text: TEXTS texts of TOKENS tokens that the target writes from the start of a document (greedy: one
 after each of its TEXTS likeliest first tokens; sampled: as the run samples), each draft's chance of
 acceptance after them, beta = sum_x min(p(x), q(x)), averaged. Measured once for the pair and the
-sampling, and kept with the costs (costs.remembered). options.prompt_prior counts it as policy.ALIKE
+sampling, and kept with the costs (jit_cache.remembered). options.prompt_prior counts it as policy.ALIKE
 judged drafts: another text of the same two models, alike but not the same.
 """
 
@@ -20,7 +20,8 @@ import numpy as np
 
 from picospec.gpt2 import Model, logits
 from picospec.sampling import Sampling, logits_to_probs
-from picospec.tools.cli.costs import describe, remembered
+from picospec.tools.cli.costs import describe
+from picospec.tools.cli.jit_cache import remembered
 from picospec.tools.samplers import autoregressive_sample_batch
 
 TEXTS, TOKENS = 8, 32  # the texts the target writes, and their tokens (fewer where its context is shorter)
