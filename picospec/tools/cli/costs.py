@@ -147,6 +147,7 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
         runs[name], calls[name] = laps(n), n
     if streamed:  # k = 0 once more, one call an iteration: what streaming adds to every iteration
         runs["per call"], calls["per call"] = run(0, calls["0"], per=1), calls["0"]
+
     def per_call(laps):
         return [{name: lap[name] / calls[name] for name in runs} for lap in laps]
 
