@@ -429,8 +429,9 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
 
 
 def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_and_sampling(tmp_path, monkeypatch):
-    """typical.alpha, greedy: the share of the target's own greedy tokens after which the draft's top choice is
-    the target's, checked against texts written one at a time with the single-prompt sampler. Kept in
+    """typical.alpha, greedy: the share of the target's own greedy tokens, past a document's first SKIP, after
+    which the draft's top choice is the target's, checked against texts written one at a time with the
+    single-prompt sampler. Kept in
     costs.json: read back, not measured again; another sampling, or a draft of the same shapes with other
     weights, is measured afresh."""
     from picospec.gpt2 import logits
@@ -440,10 +441,11 @@ def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_
     first = np.argsort(-np.asarray(logits(TARGET, [eos]))[-1])[:typical.TEXTS]
     agree = []
     for token in first:
-        n = min(typical.TOKENS, TARGET.config.n_positions - 2)
+        n = min(typical.SKIP + typical.TOKENS, TARGET.config.n_positions - 2)
         text = [eos, int(token)] + np.asarray(picospec.autoregressive_sample(TARGET, [eos, int(token)], n,
                                                                              jax.random.key(0), temperature=0)).tolist()
-        top = [np.asarray(logits(model, text)).argmax(-1)[2:] for model in (draft, TARGET)]  # after its own tokens
+        after = 2 + min(typical.SKIP, n // 2)  # the document's start and its first words left out
+        top = [np.asarray(logits(model, text)).argmax(-1)[after:] for model in (draft, TARGET)]
         agree += (top[0] == top[1]).tolist()
     assert typical.alpha(draft, TARGET, Sampling(0.0)) == pytest.approx(np.mean(agree), abs=1e-6)
     assert 0.2 < np.mean(agree) < 0.95  # neither end: the check means something
