@@ -431,9 +431,8 @@ def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_sta
 def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_and_sampling(tmp_path, monkeypatch):
     """typical.alpha, greedy: the share of the target's own greedy tokens, past a document's first SKIP, after
     which the draft's top choice is the target's, checked against texts written one at a time with the
-    single-prompt sampler. Kept in
-    costs.json: read back, not measured again; another sampling, or a draft of the same shapes with other
-    weights, is measured afresh."""
+    single-prompt sampler. Kept in costs.json: read back, not measured again; another sampling, or a draft
+    of the same shapes with other weights, is measured afresh."""
     from picospec.gpt2 import logits
     from picospec.tools.cli import typical
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))

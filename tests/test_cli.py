@@ -105,11 +105,16 @@ def test_timed_costs_never_fall_as_k_grows_and_stay_closest_to_the_laps():
     assert np.maximum.accumulate([3.0, 2.0, 1.0]).tolist() != cost_model.never_less([3.0, 2.0, 1.0])
 
 
+def iteration_shaped(c: float) -> list:
+    """v(0..7) with K_max = 7's blocks (2, 4 and 8 positions) and each draft adding c: the shape cost_model fits."""
+    return [1.0] + [2.0 + c * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+
+
 def test_timed_costs_take_the_shape_of_an_iteration():
     """Within one block the target scores (k + 1 <= 2, 4, 8 at K_max = 7), each draft adds the same c: costs
     of that shape are kept as they are; a lap that timed k = 7 10% slow is spread over the k that share c, so k = 7
     is no longer the one that looks dear (the control: never_less alone keeps the slow lap)."""
-    shaped = [1.0] + [2.0 + 0.3 * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    shaped = iteration_shaped(0.3)
     np.testing.assert_allclose(cost_model.per_block(shaped), shaped)
     slow = shaped[:7] + [shaped[7] * 1.1]
     fitted = cost_model.never_less(cost_model.per_block(slow))
@@ -122,7 +127,7 @@ def test_a_timing_leaves_the_k_between_a_blocks_ends_to_the_fit():
     """K_max = 7 scores blocks of 2, 4 and 8 positions: k = 0, 1, 2, 3, 4 and 7 are timed, 5 and 6 follow from
     the fit (one c within a block), exactly when the timing has the shape."""
     assert cost_model.worth_timing(7) == [0, 1, 2, 3, 4, 7] and cost_model.worth_timing(3) == [0, 1, 2, 3]
-    shaped = [1.0] + [2.0 + 0.3 * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    shaped = iteration_shaped(0.3)
     timed = [x if k in cost_model.worth_timing(7) else np.nan for k, x in enumerate(shaped)]
     np.testing.assert_allclose(cost_model.per_block(timed), shaped)
 
@@ -131,8 +136,7 @@ def test_rounds_of_timing_go_on_until_what_a_draft_adds_is_settled():
     """c (what a draft adds, over v(0)) is settled when the standard error of the rounds' median c is within the
     precision: five rounds that agree settle it; five whose c is 0.09 either side of 0.15 (a slow spell) do not,
     and twenty such rounds do. A K_max whose blocks hold one k each does not time c at all: settled at once."""
-    def shaped(c):
-        return [1.0] + [2.0 + c * k + (0.5 if k >= 2 else 0) + (1.0 if k >= 4 else 0) for k in range(1, 8)]
+    shaped = iteration_shaped
     spread = 0.15 + 0.09 * (-1.0) ** np.arange(20)  # sd 0.09: standard error 0.05 over 5 rounds, 0.026 over 20
     assert cost_model.settled([shaped(0.15 + d) for d in (0.0, 0.01, -0.01, 0.005, 0.0)], 0.03)
     assert not cost_model.settled([shaped(c) for c in spread[:5]], 0.03)  # the control: noisy rounds go on

@@ -10,9 +10,10 @@ TEXTS likeliest first tokens; sampled: as the run samples), each draft's chance 
 their TOKENS tokens past the first SKIP, beta = sum_x min(p(x), q(x)), averaged. A document's first
 words are where both models know least, as a prompt's first position (options.prompt_prior), and the
 loop's drafts follow a prompt, not a document's start: on the bundled pair, greedy, beta averages 0.75
-over a text's first 8 tokens and 0.87 over the 32 after them, as after held-out verses (0.87). Measured once for the pair and the
-sampling, and kept with the costs (jit_cache.remembered). options.prompt_prior counts it as policy.ALIKE
-judged drafts: another text of the same two models, alike but not the same.
+over a text's first 8 tokens and 0.87 over the 32 after them, as after held-out verses (0.87).
+Measured once for the pair and the sampling, and kept with the costs (jit_cache.remembered).
+options.prompt_prior counts it as policy.ALIKE judged drafts: another text of the same two models,
+alike but not the same.
 """
 
 import hashlib
