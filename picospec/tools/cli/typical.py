@@ -35,7 +35,8 @@ TEXTS, TOKENS, SKIP = 8, 32, 8  # the texts the target writes, their tokens weig
 def alpha(draft: Model, target: Model, sampling: Sampling) -> float:
     """The pair's mean beta on the target's own text, sampled as `sampling` says; measured once."""
     how = f"T{sampling.temperature:g}:top_k{sampling.top_k}:top_p{sampling.top_p:g}"
-    key = f"alpha:{describe(draft)}:{weighs(draft)}:{describe(target)}:{weighs(target)}:{how}:texts{TEXTS}x{TOKENS}after{SKIP}"
+    pair = f"{describe(draft)}:{weighs(draft)}:{describe(target)}:{weighs(target)}"
+    key = f"alpha:{pair}:{how}:texts{TEXTS}x{TOKENS}after{SKIP}"
     return remembered(key, lambda: {"alpha": measure(draft, target, sampling)})["alpha"]
 
 
