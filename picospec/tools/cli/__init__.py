@@ -32,6 +32,7 @@ from picospec.tools.cli.options import (
     k_used,
     make_policy,
     read_prompts,
+    recheck,
     tree_shape,
     use_platform,
 )
@@ -71,7 +72,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
                     args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
-    steps, records, text = [[] for _ in range(B)], [None] * B, ""
+    steps, records, text, clock = [[] for _ in range(B)], [None] * B, "", []
     if out and B == 1:
         out.write(texts[0])
     policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
@@ -79,6 +80,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
                             tree=args.shape, children=args.children):
+        if ran := [step for step in iteration if step is not None]:  # the iteration's end, and the batch's k
+            clock.append((ran[0].seconds, max(step.k for step in ran)))
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -98,6 +101,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
+    if note := policy is not None and recheck(args, draft, target, prompts, policy, clock):
+        print(f"picospec: note: {note}", file=sys.stderr)
     if args.plot and mode == "speculative":
         for b, row in enumerate(steps):
             path = args.plot if B == 1 else str(Path(args.plot).with_stem(f"{Path(args.plot).stem}-{b + 1}"))

@@ -9,6 +9,11 @@ otherwise have auto draft 5 rather than 7 a call for a lap that timed 7 too slow
 
 c itself is the costs' least certain part (a difference of laps a few drafts apart: one round's c varies
 by 0.1 of v(0) in a slow spell), so rounds are raced until their median c is `settled`.
+
+A timing is kept, and a machine has states: a slow spell of a shared machine (or another busy program)
+slows every iteration 2-3x, and the target's step more than the rest, so that drafting looks cheaper
+than it is once the spell has passed. A run checks the kept timing against its own iterations
+(`off_by`); one taken in another state is timed again.
 """
 
 import numpy as np
@@ -70,3 +75,13 @@ def never_less(v: list) -> list:
             (a, m), (b, n) = blocks.pop(-2), blocks.pop()
             blocks.append([(a * m + b * n) / (m + n), m + n])
     return [mean for mean, count in blocks for _ in range(count)]
+
+
+SAME_STATE = 1.5  # a run's iterations within this factor of what its kept timing gives: the same state
+
+
+def off_by(iterations: list, v) -> float:
+    """How many times what the timing v [K+1] (seconds) gives the run's own iterations [(seconds, k)]
+    took: the median of each one's time over v(k), the first left out (it meets what starting up leaves)."""
+    ratios = [seconds / v[k] for seconds, k in iterations[1:]]
+    return float(np.median(ratios)) if ratios else 1.0

@@ -168,11 +168,16 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
 def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int = 1,
           streamed: bool = False) -> dict:
     """measure(...), or what an earlier run on this machine measured for the same pair and sizes."""
+    return remembered(kept_as(draft, target, K_max, capacity, sampling, B, streamed),
+                      lambda: measure(draft, target, K_max, capacity, sampling, B, streamed))
+
+
+def kept_as(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int, streamed: bool) -> str:
+    """The key in costs.json of these costs."""
     device = jax.devices()[0]
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
-    key = (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
-           f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
-    return remembered(key, lambda: measure(draft, target, K_max, capacity, sampling, B, streamed))
+    return (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
+            f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")
 
 
 def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,

@@ -51,18 +51,37 @@ def settings(folder: Path) -> dict:
 def remembered(key: str, compute) -> dict:
     """compute(), a dict, kept in costs.json in the compile cache's folder under key: what an earlier run
     on this machine found, if it did. Unreadable or of an older form: computed and written afresh."""
+    path, known = kept()
+    if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
+        known[key] = compute()
+        write(path, known)
+    return known[key]
+
+
+def forget(key: str) -> bool:
+    """Drop what costs.json keeps under key, so that the next run computes it again; whether it was kept."""
+    path, known = kept()
+    if known.pop(key, None) is None:
+        return False
+    return write(path, known)
+
+
+def kept() -> tuple[Path | None, dict]:
+    """costs.json's path (None: the cache is off) and what it holds ({}: nothing, or unreadable)."""
     folder = cache_folder()
     path = folder / "costs.json" if folder else None
     try:
-        known = json.loads(path.read_text()) if path and path.exists() else {}
+        return path, json.loads(path.read_text()) if path and path.exists() else {}
     except (OSError, ValueError):
-        known = {}  # unreadable: time it again and write it afresh
-    if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
-        known[key] = compute()
-        if path:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(known, indent=1))
-            except OSError:
-                pass  # a read-only cache folder: measure again next time
-    return known[key]
+        return path, {}  # unreadable: time it again and write it afresh
+
+
+def write(path: Path | None, known: dict) -> bool:
+    if path:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(known, indent=1))
+            return True
+        except OSError:
+            pass  # a read-only cache folder: measure again next time
+    return False

@@ -18,7 +18,9 @@ from picospec.policy import ALIKE, Policy, fixed
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli import typical
-from picospec.tools.cli.costs import auto_policy
+from picospec.tools.cli.cost_model import SAME_STATE, off_by
+from picospec.tools.cli.costs import auto_policy, kept_as
+from picospec.tools.cli.jit_cache import forget
 from picospec.tree import Shape
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
@@ -94,6 +96,26 @@ def make_policy(args, draft, target, prompts):
         policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
         return prompt_prior(policy, draft, target, prompts, sampling)
     return fixed(args.K, args.confidence) if args.confidence > 0 else None
+
+
+RECHECK_AFTER = 6  # iterations a run needs before its own times judge the kept costs
+
+
+def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
+    """--K auto's kept costs against this run's iterations, clock [(seconds from the start to the end of
+    each, k drafted)] (cost_model.off_by): taken in another state of the machine, they are forgotten, timed
+    again by the next run, and the note returned says so; None when they agree (or none were kept)."""
+    if args.K != "auto" or len(clock) < RECHECK_AFTER:
+        return None
+    times = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
+                   np.asarray(policy.v) / 1e3)
+    capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
+    sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
+    if 1 / SAME_STATE <= times <= SAME_STATE or not forget(
+            kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
+        return None
+    return (f"this run's iterations took {times:.2g}x the time --K auto's kept costs give: they were timed in "
+            "another state of this machine (a slow spell, another busy program), and will be timed again next run")
 
 
 def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
