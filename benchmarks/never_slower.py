@@ -4,7 +4,8 @@
     python benchmarks/never_slower.py --pair gpt2-shaped --batches 1,4 --n-tokens 24
 
 Each contender generates n tokens after each of B prompts (the first words of held-out verses, of
-different lengths) as one batch, for each of ceil(--texts / B) sets of B prompts and keys, each set
+different lengths) as one batch, for each of max(ceil(--texts / B), --sets) sets of B prompts and keys
+(a round of one call is a coin toss on a shared machine: two runs of one program differ by 5-10%), each set
 its own verses (one text is luck: greedy, a text that suits long drafts makes a fixed K = 7 look best
 in hindsight; sampled, two contenders' texts differ, and so do their tokens per call, by up to 1.7x
 at B = 1); every round runs all the contenders in turn, in a shuffled order. The best
@@ -54,6 +55,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--texts", type=int, default=16, help="texts each contender makes a round, at least: "
                         "ceil(texts / B) sets of B prompts and keys")
+    parser.add_argument("--sets", type=int, default=4, help="sets of B prompts and keys a round, at least")
     args = parser.parse_args(argv)
     if args.pair == "bundled":
         draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
@@ -70,7 +72,8 @@ def main(argv=None):
           "(median of rounds) | auto / best fixed (median) | auto's k per call |\n|---|---|---|---|---|---|---|---|")
     for T in [float(t) for t in args.temperatures.split(",")]:
         for B in [int(b) for b in args.batches.split(",")]:
-            sets = [(prompts_for(B, B * i), jax.random.split(jax.random.key(i), B)) for i in range(-(-args.texts // B))]
+            n_sets = max(-(-args.texts // B), args.sets)
+            sets = [(prompts_for(B, B * i), jax.random.split(jax.random.key(i), B)) for i in range(n_sets)]
             capacity = max(batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3] for prompts, _ in sets)
             auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), horizon=n)
             autos = [prompt_prior(auto, draft, target, prompts, Sampling(T)) for prompts, _ in sets]  # as the CLI:
