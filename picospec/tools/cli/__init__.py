@@ -101,7 +101,8 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
-    if note := policy is not None and recheck(args, draft, target, prompts, policy, clock):
+    note = recheck(args, draft, target, prompts, policy, clock) if policy is not None else None
+    if note:  # the kept costs were timed in another state of the machine
         print(f"picospec: note: {note}", file=sys.stderr)
     if args.plot and mode == "speculative":
         for b, row in enumerate(steps):

@@ -107,14 +107,14 @@ def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
     again by the next run, and the note returned says so; None when they agree (or none were kept)."""
     if args.K != "auto" or len(clock) < RECHECK_AFTER:
         return None
-    times = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
-                   np.asarray(policy.v) / 1e3)
+    off = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
+                 np.asarray(policy.v) / 1e3)
     capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
     sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
-    if 1 / SAME_STATE <= times <= SAME_STATE or not forget(
+    if 1 / SAME_STATE <= off <= SAME_STATE or not forget(
             kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
         return None
-    return (f"this run's iterations took {times:.2g}x the time --K auto's kept costs give: they were timed in "
+    return (f"this run's iterations took {off:.2g}x the time --K auto's kept costs give: they were timed in "
             "another state of this machine (a slow spell, another busy program), and will be timed again next run")
 
 
