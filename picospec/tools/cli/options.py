@@ -90,12 +90,17 @@ def make_policy(args, draft, target, prompts):
     with can then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
-        capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
-        sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
+        capacity, sampling = auto_sizes(args, target, prompts)
         policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
         policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
         return prompt_prior(policy, draft, target, prompts, sampling)
     return fixed(args.K, args.confidence) if args.confidence > 0 else None
+
+
+def auto_sizes(args, target, prompts) -> tuple[int, Sampling]:
+    """What --K auto's costs are timed for, besides the pair and the batch: the cache capacity, the sampling."""
+    return (batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3],
+            checks.sampling(args.temperature, args.top_k, args.top_p))
 
 
 RECHECK_AFTER = 6  # iterations a run needs before its own times judge the kept costs
@@ -109,8 +114,7 @@ def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
         return None
     off = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
                  np.asarray(policy.v) / 1e3)
-    capacity = batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3]
-    sampling = checks.sampling(args.temperature, args.top_k, args.top_p)
+    capacity, sampling = auto_sizes(args, target, prompts)
     if 1 / SAME_STATE <= off <= SAME_STATE or not forget(
             kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
         return None
