@@ -520,3 +520,24 @@ def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loop
     assert not samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, K, policy=drafting)[0], len(prompts))
     with pytest.raises(TypeError):  # the control: this prior drafts, so the (removed) loop is called
         picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0, policy=drafting)
+
+
+def test_whether_the_prior_stops_the_draft_is_asked_once_per_policy_and_batch_size(monkeypatch):
+    """Reading stops_at_once's answer waits for all the device has queued (the last call's whole loop),
+    so the samplers ask once per policy and B: the same policy again is not asked; another B, or another
+    policy object (even an equal one), is; a fixed K never is; a policy gone takes its answers with it."""
+    import gc
+    from picospec.tools import samplers
+    asked = []
+    monkeypatch.setattr(samplers, "_stops_at_once", lambda policy, B: asked.append(B) or True)
+    policy = Policy(jnp.float32(0), jnp.float32([1.0, 2.0]), jnp.float32(0))
+    draft = samplers.plug_in(DRAFT, TARGET, 1, policy=policy)[0]
+    assert samplers.stops_at_once(draft, 2) and samplers.stops_at_once(draft, 2) and asked == [2]
+    assert samplers.stops_at_once(draft, 3) and asked == [2, 3]
+    assert samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, 1, policy=dataclasses.replace(policy))[0], 2)
+    assert not samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, 1, policy=fixed(1))[0], 2)
+    assert asked == [2, 3, 2]
+    kept = len(samplers._decided)
+    del draft, policy
+    gc.collect()
+    assert len(samplers._decided) == kept - 2

@@ -8,6 +8,8 @@ compiled on first call, use an estimate from the models' shapes (which a test ho
 `memory_analysis`).
 """
 
+from functools import lru_cache
+
 import jax
 
 from picospec.errors import PicospecError
@@ -21,9 +23,12 @@ def memory_per_row(models, max_len: int, T: int) -> int:
     an iteration per slot of the sequence, more than it can run)."""
     caches = 2 * sum(2 * m.config.n_layer * max_len * m.config.n_embd * m.params["wte"]["weight"].dtype.itemsize
                  for m in models)
-    trace = jax.eval_shape(lambda: empty_trace(max_len, T - 1))
-    returned = 4 * max_len + sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trace))
-    return caches + 8 * T * models[-1].config.vocab_size * 4 + returned
+    return caches + 8 * T * models[-1].config.vocab_size * 4 + 4 * max_len + trace_bytes(max_len, T - 1)
+
+
+@lru_cache
+def trace_bytes(R: int, K: int) -> int:  # a Trace of R iterations of K drafts (worked out once: eval_shape traces)
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(jax.eval_shape(lambda: empty_trace(R, K))))
 
 
 def compiled_need(compiled) -> int:
