@@ -527,6 +527,7 @@ def test_whether_the_prior_stops_the_draft_is_asked_once_per_policy_and_batch_si
     so the samplers ask once per policy and B: the same policy again is not asked; another B, or another
     policy object (even an equal one), is; a fixed K never is; a policy gone takes its answers with it."""
     import gc
+
     from picospec.tools import samplers
     asked = []
     monkeypatch.setattr(samplers, "_stops_at_once", lambda policy, B: asked.append(B) or True)
