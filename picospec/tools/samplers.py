@@ -69,7 +69,8 @@ def stops_at_once(draft, B: int) -> bool:
     the loop would skip the draft's prefill and step the target alone from the first iteration.
     Asked once per policy and B: reading the answer waits for everything the device has queued before
     it (the last call's whole loop), so asking on every call would stop the host from preparing the next
-    call while the device runs this one (~6% of a 64-token call on the bundled pair at B = 1)."""
+    call while the device runs this one (the host's ~7 ms a call, against ~110 ms for 64 tokens on the
+    bundled pair at B = 1)."""
     if not (isinstance(draft, AdaptiveDraft) and draft.policy.auto):
         return False
     asked = (id(draft.policy), B)
