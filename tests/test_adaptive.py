@@ -530,7 +530,7 @@ def test_whether_the_prior_stops_the_draft_is_asked_once_per_policy_and_batch_si
 
     from picospec.tools import samplers
     asked = []
-    monkeypatch.setattr(samplers, "_stops_at_once", lambda policy, B: asked.append(B) or True)
+    monkeypatch.setattr(samplers, "prior_stops", lambda policy, B: asked.append(B) or True)
     policy = Policy(jnp.float32(0), jnp.float32([1.0, 2.0]), jnp.float32(0))
     draft = samplers.plug_in(DRAFT, TARGET, 1, policy=policy)[0]
     assert samplers.stops_at_once(draft, 2) and samplers.stops_at_once(draft, 2) and asked == [2]

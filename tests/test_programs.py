@@ -4,16 +4,22 @@ tokens; what the program was built from changes its files; a damaged file is reb
 
 import importlib
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from test_cli import PAIR, run_cli
 
-from picospec.tools.cli import executables, programs
+from picospec import load_model
+from picospec.gpt2 import logits
+from picospec.policy import Policy
+from picospec.sampling import Sampling, logits_to_probs
+from picospec.tools.cli import executables, options, programs
 
 stream = importlib.import_module("picospec.tools.cli.stream")  # the module (the package names its function stream)
 RUN = [*PAIR, "--prompt", "To be", "--n-tokens", "10", "--K", "3", "--json"]
@@ -88,6 +94,33 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
     monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())  # nothing this process built before
     with pytest.raises(AssertionError, match="traced again"):
         run_cli(capsys, *RUN)
+
+
+def test_auto_reads_its_prior_from_saved_programs(cache, monkeypatch, caplog):
+    """--K auto's start-up beyond the stream's programs: the laws at the prompt's positions (its prior,
+    options.law) and whether the prior alone stops the draft (stream.asked) come from saved programs, so
+    a repeated run traces neither. JAX's in-process caches are cleared before it, as a new process starts
+    without them; JAX's own small functions (a key's split) may trace."""
+    draft, prompt, sampling = load_model("tiny-draft"), [5, 7, 9], Sampling(0.8)
+    policy = Policy(jnp.float32(0), jnp.float32([2.0, 1.0]), jnp.float32(0), prior=jnp.float32([3.0, 1.0]))
+    ours = {"laws", "logits", "forward", "logits_to_probs", "prior_stops", "choose_k", "may_stop"}
+
+    def run():  # -> (the laws, the decision), and the functions it traced, by name
+        jax.clear_caches()
+        caplog.clear()
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax._src.dispatch"):
+            result = options.law(draft, prompt, sampling), bool(stream.asked(policy, 2))
+        return result, {m.split()[2] for m in caplog.messages if m.startswith("Finished tracing")}
+    (laws, stops), first = run()
+    (laws_again, stops_again), again = run()
+    assert {"laws", "prior_stops"} <= first and not again & ours
+    assert np.array_equal(laws, laws_again) and stops == stops_again
+    # The prompt's rows of the padded call are the model's laws there.
+    np.testing.assert_allclose(laws, logits_to_probs(logits(draft, prompt), sampling), atol=1e-6)
+    # The control: with no saved programs, each run traces them again.
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", "off")
+    monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())
+    assert {"laws", "prior_stops"} <= run()[1]
 
 
 def test_with_the_folder_off_a_process_runs_its_own_programs_again(capsys, monkeypatch):

@@ -57,25 +57,25 @@ def as_tree(K: int, drafts: int, tree):
 
 
 @partial(jax.jit, static_argnames="B")
-def _stops_at_once(policy, B: int):  # bool []: one row's decision, as B rows stepped together make it
+def prior_stops(policy, B: int):  # bool []: one row's decision, as B rows stepped together make it
     return jax.vmap(lambda _: in_batch(AdaptiveDraft(None, policy)).stops_at_once(), axis_name=ROWS)(jnp.zeros(B))[0]
 
 
 _decided = {}  # (id(policy), B) -> stops_at_once's answer, kept while the policy lives
 
 
-def stops_at_once(draft, B: int) -> bool:
+def stops_at_once(draft, B: int, ask=None) -> bool:
     """`--K auto`'s prior alone chooses k = 0 for a batch of B rows (adaptive.AdaptiveDraft.stops_at_once):
     the loop would skip the draft's prefill and step the target alone from the first iteration.
     Asked once per policy and B: reading the answer waits for everything the device has queued before
     it (the last call's whole loop), so asking on every call would stop the host from preparing the next
     call while the device runs this one (the host's ~7 ms a call, against ~110 ms for 64 tokens on the
-    bundled pair at B = 1)."""
+    bundled pair at B = 1). ask: how to ask it, prior_stops's way (the CLI: through a saved program)."""
     if not (isinstance(draft, AdaptiveDraft) and draft.policy.auto):
         return False
     asked = (id(draft.policy), B)
     if asked not in _decided:
-        _decided[asked] = bool(_stops_at_once(draft.policy, B))
+        _decided[asked] = bool((ask or prior_stops)(draft.policy, B))
         weakref.finalize(draft.policy, _decided.pop, asked, None)
     return _decided[asked]
 

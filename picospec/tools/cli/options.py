@@ -21,6 +21,7 @@ from picospec.tools.cli import typical
 from picospec.tools.cli.cost_model import SAME_STATE, off_by
 from picospec.tools.cli.costs import auto_policy, kept_as
 from picospec.tools.cli.jit_cache import forget
+from picospec.tools.cli.programs import compiled
 from picospec.tree import Shape
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
@@ -50,12 +51,26 @@ def prompt_laws(draft, target, prompts, p_sampling: Sampling, q_sampling: Sampli
     (None, None) with fewer than `least` positions, or a draft that is not a model."""
     if not isinstance(draft, Model):
         return None, None
-    laws = [[np.asarray(logits_to_probs(logits(model, prompt), how)) for model, how in ((draft, p_sampling),
-                                                                                      (target, q_sampling))]
+    laws = [[law(model, prompt, how) for model, how in ((draft, p_sampling), (target, q_sampling))]
             for prompt in prompts]
     if sum(len(p) for p, _ in laws) < least:
         return None, None
     return tuple(np.concatenate(side) for side in zip(*laws))
+
+
+def law(model: Model, prompt, sampling: Sampling) -> np.ndarray:
+    """[len(prompt), V]: the model's law after each of the prompt's tokens, from a saved program
+    (programs.py: a repeated run traces nothing) for the prompt padded to a power of two; causal
+    attention leaves the rows of its own tokens as they are."""
+    L = min(max(8, 1 << (len(prompt) - 1).bit_length()), model.config.n_positions)
+    padded = np.zeros(L, np.int32)
+    padded[:len(prompt)] = prompt
+    padded = jax.device_put(padded)  # as it is: a saved executable takes device arrays
+    return np.asarray(compiled(laws, (model, padded, sampling), {})(model, padded, sampling))[:len(prompt)]
+
+
+def laws(model: Model, tokens, sampling: Sampling):  # int32 [L] -> [L, V]
+    return logits_to_probs(logits(model, tokens), sampling)
 
 
 TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts are too short to measure it

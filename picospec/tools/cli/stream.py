@@ -30,7 +30,7 @@ from picospec.tools.cli.executables import settle
 from picospec.tools.cli.programs import compiled
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
 from picospec.tools.memory import check_memory, compiled_need
-from picospec.tools.samplers import as_tree, plug_in, stops_at_once
+from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
 
 @dataclass
@@ -54,6 +54,10 @@ def compile_now(fn, *args, donate=(), B=1, **static):
     jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
                                     for i, a in enumerate(args)]))
     return program, time.perf_counter() - t0
+
+
+def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved program: a repeated run traces nothing
+    return compiled(prior_stops, (policy,), {"B": B})(policy)
 
 
 def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
@@ -112,7 +116,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     if draft is not None:
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
-    alone = draft is not None and stops_at_once(draft, len(prompts))  # the target's steps from the first: its
+    alone = draft is not None and stops_at_once(draft, len(prompts), asked)  # the target's steps from the first: its
     if alone:  # own program and buffers (samplers.stops_at_once), shown as the steps the loop would record
         draft = None
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
