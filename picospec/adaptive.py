@@ -50,6 +50,10 @@ class AdaptiveDraft:
                         made, first, self.agree)
 
     @property
+    def least(self) -> int:  # the fewest drafts it proposes: a model drafts one at least, a lookup may find none
+        return 1 if isinstance(self.draft, ModelDraft) else 0
+
+    @property
     def may_stop(self) -> bool:  # a policy that weighs k = 0 may choose it, for good
         return self.policy.auto
 
@@ -129,4 +133,4 @@ def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: 
     """speculative_step for a draft that proposes k <= K tokens: the target scores only the k + 1
     positions it needs, and an iteration with nothing proposed is one autoregressive step of the target."""
     return speculative_step(draft, target, state, K, sampling, eos_id, partial(or_target_alone, verify, draft.agree),
-                            partial(score_first, agree=draft.agree))
+                            partial(score_first, agree=draft.agree, least=draft.least))

@@ -48,16 +48,20 @@ def append(cache: KVCache, keys, values) -> KVCache:
                    cache.length + keys[0].shape[1])
 
 
-def score_sizes(K: int) -> list[int]:
-    """The numbers of positions score_first compiles for up to K drafts: 1, 2, 4, 8, ... and K + 1."""
-    return [size for size in (2 ** i for i in range(K.bit_length() + 1)) if size < K + 1] + [K + 1]
+def score_sizes(K: int, least: int = 0) -> list[int]:
+    """The numbers of positions score_first compiles for least..K drafts: 1, 2, 4, 8, ... and K + 1, from
+    the first that holds least + 1."""
+    sizes = [size for size in (2 ** i for i in range(K.bit_length() + 1)) if size < K + 1] + [K + 1]
+    return [size for size in sizes if size >= least + 1]
 
 
-def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own):
-    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K) that hold
-    those k + 1 (lax.switch runs one compiled branch per size; a few, as every branch costs a little even
-    when it does not run). Returns q [K+1, V], zero past row k. The branches only read the cache (peek),
-    written once after them: a branch that wrote it would make XLA copy every cache buffer each call."""
+def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own,
+                least: int = 0):
+    """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K, least) that
+    hold those k + 1 (lax.switch runs one compiled branch per size; a few, as every branch costs a little
+    even when it does not run, and each is compiled: least, the fewest drafts a proposal holds, leaves out
+    the sizes no proposal needs). Returns q [K+1, V], zero past row k. The branches only read the cache
+    (peek), written once after them: a branch that wrote it would make XLA copy every cache buffer each call."""
     K = proposal.drafted.shape[0]
     k = agree(proposal.k)
 
@@ -69,7 +73,7 @@ def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sa
             return jnp.pad(q, ((0, K + 1 - size), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
         return run
 
-    sizes = score_sizes(K)
+    sizes = score_sizes(K, least)
     branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 positions
     q, keys, values = jax.lax.switch(branch, [first(size) for size in sizes], cache)  # [K+1, V], ...
     q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
