@@ -91,7 +91,7 @@ def warm(iteration, draft, target, state, n_end, sampling) -> float:
     run, ~25 ms a branch on the bundled pair: start-up work, left out it lands in the first iteration
     that drafts that many."""
     t0, copy = time.perf_counter(), partial(jax.device_put, may_alias=False)
-    for size in score_sizes(draft.policy.v.shape[0] - 1)[1:]:  # k = size - 1 >= 1 drafts
+    for size in score_sizes(draft.policy.v.shape[0] - 1, least=1):  # k = size - 1 >= 1 drafts
         jax.block_until_ready(iteration(force(draft, size - 1), target, jax.tree_util.tree_map(copy, state), n_end,
                                         sampling))
     return time.perf_counter() - t0
