@@ -98,8 +98,8 @@ def target_law(sampling: Sampling, model=TARGET, prompt=PROMPT) -> np.ndarray:
     return law
 
 
-def speculative_triples(K, **kw):
-    keys = jax.random.split(jax.random.key(2), N_SAMPLES)
+def speculative_triples(K, n=N_SAMPLES, **kw):
+    keys = jax.random.split(jax.random.key(2), n)
     out = jax.vmap(lambda k: picospec.speculative_sample(DRAFT, TARGET, PROMPT, 3, k, K=K, **kw)[0])(keys)
     return np.asarray(out) @ np.array([V * V, V, 1])  # [N] index of (t1, t2, t3)
 
