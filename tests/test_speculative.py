@@ -283,8 +283,8 @@ def drafted_and_reported(temperature: float, n_keys: int = 8000, K: int = 3):
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_each_drafted_token_is_the_inverse_cdf_draw_from_the_p_it_reports(temperature):
     """The acceptance rule divides by p[i](d_i): d_i must be drawn from exactly that p[i]. Checked for
-    8,000 keys, draw by draw: with d_i's own key (the i-th of K split from the draft's key), its uniform u falls in d_i's
-    interval of the reported p[i]'s CDF, to 1e-6. A draft that samples at another temperature, from
+    8,000 keys, draw by draw: with d_i's own key (the i-th of K split from the draft's key), its uniform u
+    falls in d_i's interval of the reported p[i]'s CDF, to 1e-6. A draft that samples at another temperature, from
     rounded logits, by argmax or after a top-k its p does not show, fails."""
     drafted, p, keys = drafted_and_reported(temperature)
     K = drafted.shape[1]
