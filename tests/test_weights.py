@@ -15,11 +15,11 @@ from safetensors.numpy import load_file, save_file
 
 import picospec
 from picospec import PicospecError
-from picospec.gpt2 import init_params
-from picospec.tools.checkpoints import weights
+from picospec.gpt2 import GPT2Config, init_params
 from picospec.tools.bench.load_memory import peak_ratio
+from picospec.tools.checkpoints import weights
 from picospec.tools.checkpoints.config import config_json
-from picospec.tools.checkpoints.tensors import checkpoint_tensors
+from picospec.tools.checkpoints.tensors import checkpoint_tensors, expected
 
 SOURCE = DATA / "tiny-hub"
 
@@ -33,6 +33,15 @@ def copy_checkpoint(tmp_path, edit=None):
         edit(tensors)
         save_file(tensors, folder / "model.safetensors")
     return folder
+
+
+@pytest.mark.parametrize("config", [GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=64, vocab_size=8),
+                                    GPT2Config(n_layer=48, n_head=25, n_embd=1600)])  # and GPT-2 1558M's
+def test_the_tree_a_checkpoint_must_hold_is_the_one_init_params_makes(config):
+    made = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    want = expected(config)
+    assert jax.tree.structure(want) == jax.tree.structure(made)
+    assert [(x.shape, x.dtype) for x in jax.tree.leaves(want)] == [(x.shape, x.dtype) for x in jax.tree.leaves(made)]
 
 
 def test_both_key_layouts_load_to_the_same_tree_and_skip_mask_buffers():
@@ -179,7 +188,8 @@ def test_a_sharded_checkpoint_reads_only_the_shards_its_index_lists(tmp_path):
     shutil.copytree(SHARDED, folder)
     (folder / "model-00009-of-00009.safetensors").write_bytes(b"not listed, never read")
     model = picospec.load_model(str(folder))
-    np.testing.assert_array_equal(model.params["wte"]["weight"], picospec.load_model(str(SHARDED)).params["wte"]["weight"])
+    same = picospec.load_model(str(SHARDED)).params["wte"]["weight"]
+    np.testing.assert_array_equal(model.params["wte"]["weight"], same)
     assert len(weights.safetensors_files(str(folder))) == 5
 
 
@@ -202,7 +212,8 @@ def test_a_sharded_hub_repo_fetches_the_index_then_its_shards(monkeypatch):
     ("not json", "has no valid weight_map"),
     ('{"weight_map": {}}', "has no valid weight_map"),
     ('{"weight_map": {"wte.weight": "../../etc/passwd"}}', "has no valid weight_map"),
-    ('{"weight_map": {"wte.weight": "model-00007-of-00009.safetensors"}}', "model-00007-of-00009.safetensors is missing"),
+    ('{"weight_map": {"wte.weight": "model-00007-of-00009.safetensors"}}',
+     "model-00007-of-00009.safetensors is missing"),
 ])
 def test_a_damaged_index_is_refused(tmp_path, index, message):
     folder = tmp_path / "sharded"

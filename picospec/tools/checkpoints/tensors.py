@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from picospec.errors import PicospecError
-from picospec.gpt2 import GPT2Config, init_params
+from picospec.gpt2 import GPT2Config
 
 FILE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16}
 # Tensors a checkpoint may hold that the model does not need: the hub files carry each layer's
@@ -37,7 +37,7 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
                 raise PicospecError(f"tensor {key} is in both {where[_bare(key)][0]} and {path}; download the "
                                     "checkpoint again")
             where[_bare(key)] = (path, entry)
-    wanted = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))  # the expected pytree
+    wanted = expected(config)
     names = {_dotted(p) for p, _ in jax.tree_util.tree_flatten_with_path(wanted)[0]}
     if missing := sorted(names - where.keys()):
         raise PicospecError(f"{paths[0].parent}: missing tensor {missing[0]} ({len(missing)} missing); "
@@ -52,7 +52,8 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
         conv1d = CONV1D.fullmatch(name)
         if shape != (expected.shape[::-1] if conv1d else expected.shape):  # as the file stores it
             raise PicospecError(f"{path}: tensor {key} has shape {shape}, but config.json implies "
-                                f"{expected.shape[::-1] if conv1d else expected.shape}; pick the config.json of this model")
+                                f"{expected.shape[::-1] if conv1d else expected.shape}; pick the config.json of "
+                                "this model")
         if file_dtype not in FILE_DTYPES:
             raise PicospecError(f"{path}: tensor {key} is {file_dtype}; picospec reads {', '.join(FILE_DTYPES)} "
                                 "weights: convert the checkpoint")
@@ -70,6 +71,29 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
         return jax.device_put(array, may_alias=False)
 
     return jax.tree_util.tree_map_with_path(load, wanted)
+
+
+def expected(config: GPT2Config) -> dict:
+    """The params pytree gpt2.init_params makes, as the shapes a checkpoint must hold (the tree
+    jax.eval_shape(init_params) gives, without tracing 2 + 4 n_layer random draws on every load: ~0.05 s
+    a small model, ~0.15 s GPT-2 1558M; tests/test_weights.py checks that the two agree)."""
+    C = config.n_embd
+
+    def leaf(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def dense(n_in, n_out):  # [out, in]
+        return {"weight": leaf(n_out, n_in), "bias": leaf(n_out)}
+
+    def norm():
+        return {"weight": leaf(C), "bias": leaf(C)}
+
+    def block():
+        return {"ln_1": norm(), "attn": {"c_attn": dense(C, 3 * C), "c_proj": dense(C, C)},
+                "ln_2": norm(), "mlp": {"c_fc": dense(C, 4 * C), "c_proj": dense(4 * C, C)}}
+
+    return {"wte": {"weight": leaf(config.vocab_size, C)}, "wpe": {"weight": leaf(config.n_positions, C)},
+            "h": [block() for _ in range(config.n_layer)], "ln_f": norm()}
 
 
 def _entries(path: Path) -> dict:
