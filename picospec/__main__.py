@@ -1,5 +1,3 @@
-import sys
+from picospec.tools.cli import command_line
 
-from picospec.tools.cli import main
-
-sys.exit(main())
+command_line()

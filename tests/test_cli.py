@@ -328,6 +328,15 @@ def test_no_network_says_to_go_offline_or_use_a_folder(tmp_path):
     assert "HF_HUB_OFFLINE" in out.stderr and "local folder" in out.stderr
 
 
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """`picospec ... | head`: the pipe closed before the first streamed token is written."""
+    run = subprocess.Popen([sys.executable, "-m", "picospec", *PAIR, "--prompt", "And God said"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run.stdout.close()
+    err = run.stderr.read()
+    assert run.wait() == 141 and "Traceback" not in err and "Broken pipe" not in err, err
+
+
 def test_ngram_draft_run_counts_only_proposing_steps(capsys):
     code, out, _ = run_cli(capsys, "--draft", "ngram", "--ngram-max", "2", "--target", str(DATA / "tiny-hub"),
                            "--prompt", "the cat the cat the cat the cat", "--n-tokens", "20", "--K", "4", "--json")

@@ -25,6 +25,8 @@ def test_a_second_run_of_the_same_command_compiles_nothing(tmp_path):
     def run():
         out = subprocess.run([sys.executable, "-m", "picospec", *TINY], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
+        assert "rebuilding" not in out.stderr  # every file the last run kept is whole (the command leaves
+        # with os._exit, after writing them)
         return out.stdout, sorted(os.listdir(folder)) + sorted(os.listdir(folder / "programs"))
 
     text_cold, entries_cold = run()
