@@ -157,11 +157,13 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     assert 0 < seconds["prefill"] < seconds["v"][3]  # the draft's prefill of a short prompt: less than 3 draft calls
     monkeypatch.setattr(costs, "measure", lambda *args: pytest.fail("measured again"))
     assert costs.costs(draft, target, 3, 64, Sampling(0.8)) == seconds  # read back from costs.json
-    assert json.loads((tmp_path / "jit" / "costs.json").read_text()) and costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
+    assert json.loads((tmp_path / "jit" / "costs.json").read_text())
+    assert costs.auto_policy(draft, target, 3, 64, Sampling(0.8)).c == 0
     monkeypatch.undo()
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
     streamed = costs.costs(draft, target, 3, 64, Sampling(0.8), streamed=True)  # its own entry, timed afresh
-    assert len(streamed["v"]) == 4 and all(t > 0 for t in streamed["v"]) and len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
+    assert len(streamed["v"]) == 4 and all(t > 0 for t in streamed["v"])
+    assert len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
 
 
 def test_costs_timed_in_another_state_of_the_machine_are_timed_again(tmp_path, monkeypatch):
@@ -392,7 +394,8 @@ def test_prompts_from_stdin_print_each_row_and_a_summary(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("The quick\nAll that\n"))
     code, out, err = run_cli(capsys, *PAIR, "--prompt-file", "-", "--n-tokens", "6", "--temperature", "0.8")
     assert code == 0
-    assert "--- speculative, prompt 1 of 2 ---\nThe quick" in out and "--- speculative, prompt 2 of 2 ---\nAll that" in out
+    assert "--- speculative, prompt 1 of 2 ---\nThe quick" in out
+    assert "--- speculative, prompt 2 of 2 ---\nAll that" in out
     assert "[speculative] prompt 1: 6 tokens" in err and "[speculative] batch of 2: 12 tokens" in err
 
 

@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     if args.mode == "compare":
         (ar, ar_stats), (spec, spec_stats) = results["autoregressive"], results["speculative"]
         report["speedup"] = spec_stats["tokens_per_second"] / ar_stats["tokens_per_second"]
-        report["identical"] = [r["tokens"] for r in ar] == [r["tokens"] for r in spec] if args.temperature == 0 else None
+        same = [r["tokens"] for r in ar] == [r["tokens"] for r in spec]
+        report["identical"] = same if args.temperature == 0 else None
         if not args.json:
             same = "" if report["identical"] is None else \
                 f"; greedy outputs {'identical' if report['identical'] else 'DIFFER'}"
