@@ -121,10 +121,10 @@ def test_first_three_tokens_follow_the_target_joint_law(kw):
 
 
 def test_whole_loop_controls_draft_law_and_wrong_residual_are_detected(monkeypatch):
-    law = target_law(Sampling(1.0))
-    assert chi_square_p(speculative_triples(K=2, temperature=1.0), law) > PASS  # the same setting, right
+    law, triples = target_law(Sampling(1.0)), speculative_triples(K=2, temperature=1.0)
+    assert chi_square_p(triples, law) > PASS  # the same setting, right
     # Control 1: the draft's own law is not the target's, and the test can tell.
-    assert chi_square_p(speculative_triples(K=2, temperature=1.0), target_law(Sampling(1.0), DRAFT)) < FAIL
+    assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
     # Control 2: the loop with a wrong residual fails the same test.
     monkeypatch.setitem(RULES, "token", wrong_accept_or_resample)
     jax.clear_caches()
