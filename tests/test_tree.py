@@ -236,7 +236,8 @@ def test_the_optimal_tree_is_the_best_of_every_tree_searched_by_hand(alpha):
                                       pytest.param("distinct", marks=pytest.mark.slow)])
 def test_the_loop_with_a_tree_follows_the_target_joint_law(children):
     """The first three tokens of the real loop (picospec.speculative_sample with a tree), sampled."""
-    triples = speculative_triples(K=1, temperature=1.0, tree=SHAPES["3 then 1, depth 2"], children=children)
+    triples = speculative_triples(K=1, n=10_000, temperature=1.0, tree=SHAPES["3 then 1, depth 2"],
+                                  children=children)
     assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's law
 

@@ -147,7 +147,7 @@ def test_each_rule_as_coded_draws_its_exact_law(rule, law):
 
 @pytest.mark.parametrize("rule", ["block", pytest.param("match", marks=pytest.mark.slow)])
 def test_the_whole_loop_follows_the_target_joint_law_for_each_rule(rule):
-    triples = speculative_triples(K=2, temperature=1.0, verify=rule)
+    triples = speculative_triples(K=2, n=10_000, temperature=1.0, verify=rule)
     assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's own law
 
