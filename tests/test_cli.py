@@ -166,6 +166,23 @@ def test_costs_are_timed_once_in_place_and_kept(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "jit" / "costs.json").read_text())) == 2
 
 
+def test_a_first_auto_run_says_it_times_the_costs_and_a_repeated_one_does_not(capsys, tmp_path, monkeypatch):
+    """The timing takes about a minute on the bundled pair, once: a run that does it says so first."""
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
+    monkeypatch.setattr(options, "AUTO_K_MAX", 3)
+    timed = []
+    monkeypatch.setattr(costs, "measure", lambda *args: timed.append(args) or {"v": [4.0, 1.0, 1.2, 1.4],
+                                                                                  "prefill": 1.0})
+    monkeypatch.setattr(options.typical, "measure", lambda *args: 0.9)
+    draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
+    args = cli.parse_args([*PAIR, "--prompt", "The quick", "--n-tokens", "24", "--K", "auto"])
+    said = []
+    for _ in range(2):  # as main() asks for the policy, run after run
+        options.make_policy(args, draft, target, [[464, 2068]])
+        said.append("picospec: note: --K auto first times this machine's iterations" in capsys.readouterr().err)
+    assert said == [True, False] and len(timed) == 1  # timed once, then kept
+
+
 def test_costs_timed_in_another_state_of_the_machine_are_timed_again(tmp_path, monkeypatch):
     """A run checks the kept costs against its own iterations: a timing whose v(k) the iterations took
     more than SAME_STATE times (a slow spell, another busy program: 2-3x), or less than 1 / SAME_STATE,

@@ -59,6 +59,11 @@ def remembered(key: str, compute) -> dict:
     return known[key]
 
 
+def is_kept(key: str) -> bool:
+    """Whether costs.json holds what `remembered(key, ...)` would otherwise compute."""
+    return isinstance(kept()[1].get(key), dict)
+
+
 def forget(key: str) -> bool:
     """Drop what costs.json keeps under key, so that the next run computes it again; whether it was kept."""
     path, known = kept()

@@ -20,7 +20,7 @@ from picospec.tools import checks
 from picospec.tools.cli import typical
 from picospec.tools.cli.cost_model import SAME_STATE, off_by
 from picospec.tools.cli.costs import auto_policy, kept_as
-from picospec.tools.cli.jit_cache import forget
+from picospec.tools.cli.jit_cache import forget, is_kept
 from picospec.tools.cli.programs import compiled
 from picospec.tree import Shape
 
@@ -106,6 +106,9 @@ def make_policy(args, draft, target, prompts):
     --confidence alone cuts a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity, sampling = auto_sizes(args, target, prompts)
+        if not is_kept(kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
+            print("picospec: note: --K auto first times this machine's iterations (once for this pair, batch "
+                  "size and sampling; about a minute on the bundled pair)", file=sys.stderr, flush=True)
         policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
         policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
         return prompt_prior(policy, draft, target, prompts, sampling)
