@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
-from test_speculative import DRAFT, TARGET, speculative_triples, target_law
+from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_law
 from test_verifiers import (RESIDUALS, V, add, block_law, markov_tables, markov_target_law, match_law, stream_law,
                             token_law)
 
@@ -119,10 +119,10 @@ def test_the_adaptive_loop_follows_the_target_joint_law(rule, which):
     law = target_law(Sampling(1.0))
     policy = {"confidence": Policy(POLICY.c, POLICY.v[:4], POLICY.threshold), "stopping": STOPPING,  # K_max = 3
               "looking": LOOKING}[which]
-    triples = speculative_triples(K=3, n=10_000, temperature=1.0, verify=rule, policy=policy)  # vmapped over keys:
+    triples = speculative_triples(K=3, n=N_PATH, temperature=1.0, verify=rule, policy=policy)  # vmapped over keys:
     # a switch runs all its branches; with STOPPING and LOOKING, some keys' second iteration drafts nothing
     assert chi_square_p(triples, law) > PASS
-    # The control: the same loop against the draft's law fails (its p underflows to 0 at these 10,000 samples).
+    # The control: the same loop against the draft's law fails (its p underflows to 0 at these N_PATH samples).
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
-from test_speculative import DRAFT, N_SAMPLES, PROMPT, TARGET, V, target_law
+from test_speculative import DRAFT, N_PATH, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
@@ -67,7 +67,7 @@ def test_batched_ragged_rows_follow_the_target_law():
     """The losslessness test, batched: half the rows have PROMPT, half a longer prompt, interleaved;
     the first three tokens of each half follow the target's exact joint law for its prompt."""
     other = [3, 0, 5, 2, 1, 4]
-    rows = [PROMPT if b % 2 == 0 else other for b in range(N_SAMPLES)]  # 10,000 a prompt
+    rows = [PROMPT if b % 2 == 0 else other for b in range(2 * N_PATH)]
     keys = jax.random.split(jax.random.key(5), len(rows))
     out, _ = speculative_sample_batch(DRAFT, TARGET, rows, 3, keys, K=2, temperature=1.0)
     index = np.asarray(out) @ np.array([V * V, V, 1])  # [B]

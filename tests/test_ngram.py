@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import random_model
 from stats import PASS, chi_square_p
-from test_speculative import N_SAMPLES, PROMPT, TARGET, V, target_law
+from test_speculative import N_PATH, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import NGramDraft, Sampling
@@ -69,7 +69,7 @@ def test_greedy_with_ngram_draft_equals_target_alone(K):
                                 pytest.param(dict(K=3, temperature=0.7, top_k=4), marks=pytest.mark.slow)])
 def test_ngram_draft_keeps_the_target_joint_law(kw):
     prompt = PROMPT + PROMPT + [1]  # the tail "1" has occurred: lookups will find matches
-    keys = jax.random.split(jax.random.key(4), N_SAMPLES // 2)
+    keys = jax.random.split(jax.random.key(4), N_PATH)
     out, traces = jax.vmap(lambda k: picospec.speculative_sample(NGramDraft(2), TARGET, prompt, 3, k, **kw))(keys)
     assert traces.proposed.any() and traces.n_accepted.any()  # the draft was used, and sometimes right
     sampling = Sampling(kw["temperature"], kw.get("top_k", 0))

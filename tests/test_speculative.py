@@ -17,6 +17,7 @@ from picospec.verifiers import RULES
 
 V = 6
 N_SAMPLES = 20_000
+N_PATH = 10_000  # samples for the same law through another path (a batch, a tree, a rule, a policy, a lookup)
 RNG = np.random.default_rng(0)
 
 

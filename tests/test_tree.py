@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import DATA, early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
-from test_speculative import DRAFT, TARGET, speculative_triples, target_law
+from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_law
 from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
@@ -236,7 +236,7 @@ def test_the_optimal_tree_is_the_best_of_every_tree_searched_by_hand(alpha):
                                       pytest.param("distinct", marks=pytest.mark.slow)])
 def test_the_loop_with_a_tree_follows_the_target_joint_law(children):
     """The first three tokens of the real loop (picospec.speculative_sample with a tree), sampled."""
-    triples = speculative_triples(K=1, n=10_000, temperature=1.0, tree=SHAPES["3 then 1, depth 2"],
+    triples = speculative_triples(K=1, n=N_PATH, temperature=1.0, tree=SHAPES["3 then 1, depth 2"],
                                   children=children)
     assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's law

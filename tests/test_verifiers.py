@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
-from test_speculative import DRAFT, TARGET, speculative_triples, target_law
+from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
@@ -147,7 +147,7 @@ def test_each_rule_as_coded_draws_its_exact_law(rule, law):
 
 @pytest.mark.parametrize("rule", ["block", pytest.param("match", marks=pytest.mark.slow)])
 def test_the_whole_loop_follows_the_target_joint_law_for_each_rule(rule):
-    triples = speculative_triples(K=2, n=10_000, temperature=1.0, verify=rule)
+    triples = speculative_triples(K=2, n=N_PATH, temperature=1.0, verify=rule)
     assert chi_square_p(triples, target_law(Sampling(1.0))) > PASS
     assert chi_square_p(triples, target_law(Sampling(1.0), DRAFT)) < FAIL  # the control: the draft's own law
 
