@@ -99,11 +99,10 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
 
 
 def make_policy(args, draft, target, prompts):
-    """The policy.Policy the flags ask for: --K auto times this machine's iterations as the stream runs
-    them (costs.py), and starts from a prior (prompt_prior: the pair on the target's own text, then the
-    prompts' own tokens, each position after the first a judged draft; a draft the target never agrees
-    with can then stop before its first call), and knows each row's --n-tokens (a batch waits for its slowest row);
-    --confidence alone cuts a fixed K short; neither: None, always K drafts."""
+    """The policy.Policy the flags ask for: --K auto times this machine's iterations (costs.py, saying so the
+    first time), starts from a prior (prompt_prior: the pair on the target's own text, then the prompts'
+    tokens), and knows each row's --n-tokens (a batch waits for its slowest row); --confidence alone cuts
+    a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity, sampling = auto_sizes(args, target, prompts)
         if not is_kept(kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
