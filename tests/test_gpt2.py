@@ -71,6 +71,7 @@ def test_decoding_at_new_positions_compiles_nothing_new(compiles):
     cache = init_cache(c)
     _, cache = forward(model, jnp.zeros(1, jnp.int32), cache)  # warm up both shapes
     _, cache = forward(model, jnp.zeros(5, jnp.int32), cache)
+    cache = cache._replace(length=cache.length - 2)  # and the rollback's subtraction (a test before may not have)
     before = compiles.count
     for _ in range(5):
         _, cache = forward(model, jnp.ones(1, jnp.int32), cache)

@@ -2,6 +2,7 @@
 (no device needed), and the dtypes where float16 or bfloat16 could go wrong."""
 
 import re
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from conftest import random_model
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
 from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
+from picospec.tools.cli import jit_cache, programs
 
 ACCELERATORS = ("cuda", "tpu")
 
@@ -86,3 +88,17 @@ def test_sampling_compiles_to_no_loop_on_accelerators():
     # The control: jnp.searchsorted's default method is such a loop.
     default = jax.jit(lambda cdf, u: jnp.searchsorted(cdf, u))
     assert "stablehlo.while" in jax.export.export(default, platforms=["cuda"])(probs, 0.5).mlir_module()
+
+
+def test_the_cli_builds_its_programs_for_the_device_chosen_not_for_the_default_backend(monkeypatch):
+    """`--platform cpu` on a GPU machine makes the CPU JAX's default device while the default backend
+    stays the GPU: the CLI's programs must be exported, named and loaded for the device chosen. Read on
+    CPU through a stand-in chosen device whose platform is cuda (exporting for it needs no GPU)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert jit_cache.run_device() == jax.devices("cpu")[0]
+    fn, args = programs.function("picospec.adaptive:own"), (jnp.zeros(3),)
+    on_cpu = programs.digest(fn, args, {}, ())
+    assert programs.exported(fn, args, {}).platforms == ("cpu",)
+    monkeypatch.setattr(programs, "run_device", lambda: SimpleNamespace(platform="cuda", device_kind="H100"))
+    assert programs.exported(fn, args, {}).platforms == ("cuda",)  # the default backend would give cpu
+    assert programs.digest(fn, args, {}, ()) != on_cpu  # and another file

@@ -39,7 +39,7 @@ from picospec.sampling import Sampling
 from picospec.score_first import score_sizes
 from picospec.speculative import start, target_alone
 from picospec.tools.cli.cost_model import never_less, per_block, settled, worth_timing
-from picospec.tools.cli.jit_cache import remembered
+from picospec.tools.cli.jit_cache import remembered, run_device
 from picospec.tools.cli.programs import source_digest
 from picospec.tools.samplers import plug_in
 from picospec.verifiers import accept_or_resample
@@ -174,7 +174,7 @@ def costs(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B
 
 def kept_as(draft, target: Model, K_max: int, capacity: int, sampling: Sampling, B: int, streamed: bool) -> str:
     """The key in costs.json of these costs."""
-    device = jax.devices()[0]
+    device = run_device()
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     return (f"{device.platform}:{device.device_kind}:{describe(draft)}:{describe(target)}:K{K_max}:S{capacity}"
             f":B{B}:{mode}:src{source_digest()[:16]}:iterations{':streamed' if streamed else ''}")

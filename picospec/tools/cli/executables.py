@@ -27,6 +27,8 @@ import numpy as np
 from jax import export
 from jax.experimental.compilation_cache import compilation_cache
 
+from picospec.tools.cli.jit_cache import run_device
+
 
 @contextmanager
 def fresh_compile():
@@ -53,8 +55,8 @@ def load_executable(data, name: str, program: export.Exported, args):
 def deserialize(data, name: str):
     if data[:len(name)] != name.encode():
         raise ValueError("another program's executable")
-    client = jax.devices()[0].client
-    return client.deserialize_executable(bytes(data[len(name):]), executable_devices=client.devices()[:1])
+    device = run_device()
+    return device.client.deserialize_executable(bytes(data[len(name):]), executable_devices=[device])
 
 
 loading: dict[str, Future] = {}  # name -> the executable being loaded early

@@ -41,7 +41,7 @@ from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
 from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember
-from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.cli.jit_cache import cache_folder, run_device
 from picospec.tree import Shape, TreeDraft
 
 
@@ -109,7 +109,7 @@ def describe(tree) -> str:
 
 def digest(fn, args, static: dict, donate) -> str:
     leaves, tree = jax.tree_util.tree_flatten(args)
-    device = jax.devices()[0]
+    device = run_device()
     what = [name(fn), describe(tree), [str(jax.typeof(x)) for x in leaves],
             sorted((k, name(v) if callable(v) else repr(v)) for k, v in static.items()), sorted(donate),
             source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
@@ -141,7 +141,7 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
         program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
     try:
-        write(path.with_suffix(".xla"), name.encode() + jax.devices()[0].client.serialize_executable(
+        write(path.with_suffix(".xla"), name.encode() + run_device().client.serialize_executable(
             program_compiled.runtime_executable()))
     except Exception:  # noqa: BLE001 a platform that cannot serialize it: compile it from the export each run
         pass
@@ -149,7 +149,7 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
 
 
 def exported(fn, args: tuple, static: dict) -> export.Exported:  # traced and lowered: the part a saved program skips
-    return export.export(jax.jit(partial(fn, **static)))(*args)
+    return export.export(jax.jit(partial(fn, **static)), platforms=[run_device().platform])(*args)
 
 
 def built_here(name: str, fn, args: tuple, static: dict, donate):
