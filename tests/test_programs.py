@@ -182,8 +182,8 @@ def test_an_executable_called_directly_gives_what_jit_gives():
     program = jax.export.export(jax.jit(step))(*args)
     compiled = jax.jit(program.call, donate_argnums=(1,), keep_unused=True).lower(*args).compile()
     name = "0" * 32
-    data = bytearray(name.encode() + jax.devices()[0].client.serialize_executable(compiled.runtime_executable()))
-    loaded = executables.load_executable(data, name, program, args)
+    loaded = executables.load_executable(data := bytearray(executables.saved(name, compiled)), name, program, args)
+    assert loaded.memory_analysis() == tuple(getattr(compiled.memory_analysis(), f) for f in executables.Memory._fields)
     x = jnp.arange(3.0)
     out = loaded(args[0], x, 2.0)
     want = step(*args)

@@ -16,7 +16,9 @@ times, and the time it waits counts as start-up.
 
 import json
 import re
+import struct
 import time
+from collections import namedtuple
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
@@ -49,14 +51,29 @@ def load_executable(data, name: str, program: export.Exported, args):
     if jax.tree_util.tree_structure((args, {})) != program.in_tree:
         raise ValueError("another program's executable")
     early = loading.pop(name, None)
-    return Loaded(early.result() if early else deserialize(data, name), program)
+    return Loaded(*(early.result() if early else deserialize(data, name)), program)
 
 
-def deserialize(data, name: str):
+# A program's memory figures, as its memory_analysis() gives them (tools/memory.py reads them before each
+# run): kept in its file, since asking a loaded executable takes longer than running it once.
+Memory = namedtuple("Memory", ["output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes"])
+FIGURES = struct.Struct("<3q")
+
+
+def saved(name: str, compiled) -> bytes:
+    """What an .xla file holds: the program's digest `name`, its memory figures, XLA's serialized executable."""
+    m = compiled.memory_analysis()
+    figures = FIGURES.pack(m.output_size_in_bytes, m.temp_size_in_bytes, m.alias_size_in_bytes)
+    return name.encode() + figures + run_device().client.serialize_executable(compiled.runtime_executable())
+
+
+def deserialize(data, name: str) -> tuple:
+    """(the executable, its Memory) from what `saved` wrote."""
     if data[:len(name)] != name.encode():
         raise ValueError("another program's executable")
-    device = run_device()
-    return device.client.deserialize_executable(bytes(data[len(name):]), executable_devices=[device])
+    device, start = run_device(), len(name) + FIGURES.size
+    executable = device.client.deserialize_executable(bytes(data[start:]), executable_devices=[device])
+    return executable, Memory(*FIGURES.unpack_from(data, len(name)))
 
 
 loading: dict[str, Future] = {}  # name -> the executable being loaded early
@@ -126,8 +143,8 @@ class Loaded:
     """A saved executable, called as the compiled program it was saved from: the arguments' leaves go in
     (donated ones are consumed), the outputs come back in the program's own tree."""
 
-    def __init__(self, executable, program: export.Exported):
-        self.executable, self.program = executable, program
+    def __init__(self, executable, memory: Memory, program: export.Exported):
+        self.executable, self.memory, self.program = executable, memory, program
         self.keys_in = [i for i, aval in enumerate(program.in_avals) if is_key(aval)]
         self.keys_out = [i for i, aval in enumerate(program.out_avals) if is_key(aval)]
 
@@ -143,5 +160,5 @@ class Loaded:
             outputs[i] = jax.random.wrap_key_data(outputs[i])
         return jax.tree_util.tree_unflatten(self.program.out_tree, outputs)
 
-    def memory_analysis(self):  # as a compiled program's (tools/memory.py)
-        return self.executable.get_compiled_memory_stats()
+    def memory_analysis(self) -> Memory:  # as a compiled program's (tools/memory.py)
+        return self.memory

@@ -40,7 +40,7 @@ from picospec.policy import Policy
 from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
-from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember
+from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember, saved
 from picospec.tools.cli.jit_cache import cache_folder, run_device
 from picospec.tree import Shape, TreeDraft
 
@@ -141,8 +141,7 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
         program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
     try:
-        write(path.with_suffix(".xla"), name.encode() + run_device().client.serialize_executable(
-            program_compiled.runtime_executable()))
+        write(path.with_suffix(".xla"), saved(name, program_compiled))
     except Exception:  # noqa: BLE001 a platform that cannot serialize it: compile it from the export each run
         pass
     return program_compiled
