@@ -107,15 +107,16 @@ def remember(folder: Path, name: str):
 
 
 def load_early(folder: Path, key: str):
-    """Start loading the executables the last run of command `key` used (folder/last-run), one after
-    another in a background thread (XLA loads one at a time)."""
+    """Start loading the executables the last run of command `key` used (folder/last-run), each in a
+    background thread of its own: the iteration's, the longest load, then ends while the main thread is
+    still reading the models, rather than after the start's."""
     global command
     command = key
     used.clear()  # a process that runs several commands (a notebook) files each under its own
     names = last_runs(folder).get(key, [])
     if not names:
         return
-    pool = ThreadPoolExecutor(1, thread_name_prefix="picospec-load")
+    pool = ThreadPoolExecutor(len(names[:8]), thread_name_prefix="picospec-load")
     for name in names[:8]:
         loading[name] = pool.submit(lambda name: deserialize((folder / f"{name}.xla").read_bytes(), name), name)
     pool.shutdown(wait=False)
