@@ -13,6 +13,7 @@ from conftest import DATA, DEVICE, random_model
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
 from picospec.tools.bench.timing import forward_times, iteration_calls
+from picospec.tools.cli.costs import race_laps
 
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
@@ -116,3 +117,15 @@ def test_forward_times_races_the_runs_it_predicts_in_the_same_rounds():
     assert len(calls_made) == 1 + 3  # the warm-up call, then one call each round
     assert t["run"] >= 0.01  # a whole call of `run`, not divided like a forward call's loop
     assert t["one token"] > 0 and t["five tokens"] > 0
+
+
+def test_a_race_takes_its_contenders_in_the_reverse_order_every_other_round():
+    """A place in the round tells on a time, so no contender may always go first (or last)."""
+    called = []
+    a, b, c = (lambda: called.append("a")), (lambda: called.append("b")), (lambda: called.append("c"))
+    laps, warmup = race_laps(4, a=a, b=b, c=c)
+    assert "".join(called) == "abc" + "abc" + "cba" + "abc" + "cba"  # the warm-up, then rounds 0-3
+    assert len(laps) == 4 and all(set(lap) == {"a", "b", "c"} for lap in laps) and set(warmup) == {"a", "b", "c"}
+    called.clear()
+    race_laps(1, warm=False, first=1, a=a, b=b)
+    assert called == ["b", "a"]  # round 1 of a race run one round a call

@@ -67,16 +67,19 @@ def _iterations(draft, target, state, K: int, sampling: Sampling, calls, step):
     return jax.lax.fori_loop(0, calls, one, state)
 
 
-def race_laps(rounds=3, *, warm=True, **contenders) -> tuple[list, dict]:
+def race_laps(rounds=3, *, warm=True, first=0, **contenders) -> tuple[list, dict]:
     """The contenders called in turn, round after round, so that a slow spell on a shared machine slows
-    them alike: ([{name: seconds} for each round], {name: first call, which warms up and compiles; none
-    when not `warm`})."""
+    them alike, and every other round (counted from `first`) in the reverse order: a place in the round
+    tells on a time (the same program raced against itself, always second, ran ~2% slower). Returns
+    ([{name: seconds} for each round], {name: first call, which warms up and compiles; none when not `warm`})."""
     def seconds(fn):
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
     warmup = {name: seconds(fn) for name, fn in contenders.items()} if warm else {}
-    return [{name: seconds(fn) for name, fn in contenders.items()} for _ in range(rounds)], warmup
+    names = list(contenders)
+    return [{name: seconds(contenders[name]) for name in (names if (first + r) % 2 == 0 else names[::-1])}
+            for r in range(rounds)], warmup
 
 
 def force(draft: adaptive.AdaptiveDraft, k: int) -> adaptive.AdaptiveDraft:
@@ -156,7 +159,7 @@ def measure(draft, target: Model, K_max: int, capacity: int, sampling: Sampling,
 
     laps = race_laps(ROUNDS[0], **runs)[0]
     while len(laps) < ROUNDS[1] and not settled([np.divide(v(t), t["0"]) for t in per_call(laps)], PRECISION):
-        laps += race_laps(1, warm=False, **runs)[0]
+        laps += race_laps(1, warm=False, first=len(laps), **runs)[0]
     rounds = per_call(laps)
     alone = statistics.median(t["0"] for t in rounds)
     extra = statistics.median(t["per call"] - t["0"] for t in rounds) if streamed else 0.0
