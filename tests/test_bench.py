@@ -7,14 +7,12 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import DATA, DEVICE, random_model
 
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
 from picospec.tools.bench.timing import forward_times, iteration_calls
 from picospec.tools.cli.costs import race_laps
-
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 

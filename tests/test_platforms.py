@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
-import picospec
 from conftest import random_model
 
+import picospec
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
 from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
