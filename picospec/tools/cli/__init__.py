@@ -162,9 +162,9 @@ def main(argv=None) -> int:
         same = [r["tokens"] for r in ar] == [r["tokens"] for r in spec]
         report["identical"] = same if args.temperature == 0 else None
         if not args.json:
-            same = "" if report["identical"] is None else \
+            greedy = "" if report["identical"] is None else \
                 f"; greedy outputs {'identical' if report['identical'] else 'DIFFER'}"
-            print(f"speedup {report['speedup']:.2f}x{same}", file=sys.stderr)
+            print(f"speedup {report['speedup']:.2f}x{greedy}", file=sys.stderr)
     if args.json:
         print(json.dumps({"summary": report} if len(texts) > 1 else report if args.mode == "compare"
                          else report[args.mode]))

@@ -5,13 +5,14 @@ hashes it: about 0.15 s of a repeated run on the bundled pair. So programs.py ke
 executable for this machine as well (`.xla`), and a later run loads it and calls it directly (`Loaded`),
 as JAX itself calls it. The file is as trusted as JAX's persistent cache, which holds the same kind.
 
-Loading an executable takes a while (0.05 s and 0.15 s for the bundled pair's start and iteration), and a
-run asks for them only once it has loaded the models and the prompts. So the CLI starts loading, in the
-background as it begins (`load_early`), the executables the last run of the same command used
-(programs/last-run: the names each of the last few commands used, keyed by its flags less the prompts,
-the seed and the output's form, flags.command): a repeated command finds them loaded. A run waits for the loading to end before its
-clock starts (`settle`): on a machine of few cores a load in the background would slow the run it
-times, and the time it waits counts as start-up.
+Loading an executable takes a while (XLA rebuilds its HLO module: ~0.1 s and ~0.25 s for the bundled
+pair's start and iteration), and a run asks for them only once it has loaded the models and the prompts.
+So the CLI starts loading, in the background as it begins and each in a thread of its own (`load_early`),
+the executables the last run of the same command used (programs/last-run: the names each of the last
+few commands used, keyed by its flags less the prompts, the seed and the output's form, flags.command):
+a repeated command finds them loaded. A run waits for the loading to end before its clock starts
+(`settle`): on a machine of few cores a load in the background would slow the run it times, and the
+time it waits counts as start-up.
 """
 
 import json
