@@ -126,6 +126,18 @@ def test_free_memory_is_the_devices_own_figure():
     assert available_memory(jax.devices()[0]) > 0  # the CPU: the host's MemAvailable
 
 
+def test_the_memory_checked_is_the_device_chosen_not_the_default_backend(monkeypatch):
+    """A caller who chose a device (jax.default_device, as --platform does) runs there, so that is the
+    memory a batch is checked against: here a stand-in GPU chosen on a CPU machine (the host has room)."""
+    from picospec.tools import memory
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert memory.run_device() == jax.devices("cpu")[0]
+    monkeypatch.setattr(memory, "run_device", FakeGPU)
+    assert memory.available_memory() == 10 * 10 ** 9
+    with pytest.raises(PicospecError, match=r"of NVIDIA H100 80GB HBM3 memory is free"):
+        check_memory(9 * 10 ** 9, 4)
+
+
 def test_the_estimate_covers_what_the_compiled_batch_allocates():
     """The batch entry points gate on memory_per_row; the compiled program's own memory_analysis
     must not need more (nor much less: the estimate would refuse batches that fit)."""

@@ -12,8 +12,9 @@ from conftest import random_model
 import picospec
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
+from picospec.tools import memory
 from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
-from picospec.tools.cli import jit_cache, programs
+from picospec.tools.cli import programs
 
 ACCELERATORS = ("cuda", "tpu")
 
@@ -95,7 +96,7 @@ def test_the_cli_builds_its_programs_for_the_device_chosen_not_for_the_default_b
     stays the GPU: the CLI's programs must be exported, named and loaded for the device chosen. Read on
     CPU through a stand-in chosen device whose platform is cuda (exporting for it needs no GPU)."""
     with jax.default_device(jax.devices("cpu")[0]):
-        assert jit_cache.run_device() == jax.devices("cpu")[0]
+        assert memory.run_device() == jax.devices("cpu")[0]
     fn, args = programs.function("picospec.adaptive:own"), (jnp.zeros(3),)
     on_cpu = programs.digest(fn, args, {}, ())
     assert programs.exported(fn, args, {}).platforms == ("cpu",)

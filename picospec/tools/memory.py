@@ -38,9 +38,16 @@ def compiled_need(compiled) -> int:
     return m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
 
+def run_device() -> jax.Device:
+    """The device programs run on: the one chosen (JAX's default device, as --platform sets it), else
+    JAX's first."""
+    chosen = jax.config.jax_default_device
+    return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen or jax.devices()[0]
+
+
 def available_memory(device=None) -> int:
-    """Bytes `device` (default: JAX's first) can still give, or 0 if unknown."""
-    device = device or jax.devices()[0]
+    """Bytes `device` (default: the one programs run on) can still give, or 0 if unknown."""
+    device = device or run_device()
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
@@ -64,8 +71,9 @@ def size(n_bytes: float) -> str:
 
 
 def check_memory(need: int, B: int, available: int | None = None, device=None):
-    """Refuse B rows that need `need` bytes in all when that is more than 80% of what is free."""
-    device = device or jax.devices()[0]
+    """Refuse B rows that need `need` bytes in all when that is more than 80% of what is free on
+    `device` (default: the one programs run on)."""
+    device = device or run_device()
     available = available_memory(device) if available is None else available
     if available and need > 0.8 * available:
         per_row = need / B

@@ -39,8 +39,9 @@ from picospec.sampling import Sampling
 from picospec.score_first import score_sizes
 from picospec.speculative import start, target_alone
 from picospec.tools.cli.cost_model import never_less, per_block, settled, worth_timing
-from picospec.tools.cli.jit_cache import remembered, run_device
+from picospec.tools.cli.jit_cache import remembered
 from picospec.tools.cli.programs import source_digest
+from picospec.tools.memory import run_device
 from picospec.tools.samplers import plug_in
 from picospec.verifiers import accept_or_resample
 

@@ -30,7 +30,7 @@ import numpy as np
 from jax import export
 from jax.experimental.compilation_cache import compilation_cache
 
-from picospec.tools.cli.jit_cache import run_device
+from picospec.tools.memory import run_device
 
 
 @contextmanager

@@ -29,12 +29,6 @@ def cache_folder() -> Path | None:
     return Path(xdg) / "picospec" / "jit"
 
 
-def run_device() -> jax.Device:
-    """The device the programs run on: the one --platform chose (JAX's default device), else JAX's first."""
-    chosen = jax.config.jax_default_device
-    return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen or jax.devices()[0]
-
-
 def use_persistent_cache() -> Path | None:
     """Turn the persistent compilation cache on (for every compile from now on); returns its folder."""
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the user's own choice wins

@@ -41,7 +41,8 @@ from picospec.sampling import Sampling
 from picospec.speculative import ModelDraft
 from picospec.state import SpecState, Trace
 from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember, saved
-from picospec.tools.cli.jit_cache import cache_folder, run_device
+from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.memory import run_device
 from picospec.tree import Shape, TreeDraft
 
 

@@ -27,10 +27,9 @@ from picospec.speculative import target_alone
 from picospec.tools import checks
 from picospec.tools.cli.costs import warm
 from picospec.tools.cli.executables import settle
-from picospec.tools.cli.jit_cache import run_device
 from picospec.tools.cli.programs import compiled
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
-from picospec.tools.memory import check_memory, compiled_need
+from picospec.tools.memory import check_memory, compiled_need, run_device
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
 
