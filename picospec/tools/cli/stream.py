@@ -29,7 +29,7 @@ from picospec.tools.cli.costs import warm
 from picospec.tools.cli.executables import settle
 from picospec.tools.cli.programs import compiled
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
-from picospec.tools.memory import check_memory, compiled_need, run_device
+from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
 
@@ -49,7 +49,7 @@ def compile_now(fn, *args, donate=(), B=1, **static):
     donated = tuple(i for i in range(len(args)) if names[i] in donate)
     program = compiled(fn, args, static, donated)
     copies = sum(x.nbytes for i in donated for x in jax.tree_util.tree_leaves(args[i]))
-    check_memory(compiled_need(program) + copies, B, device=run_device())
+    check_memory(compiled_need(program) + copies, B)
     copy = partial(jax.device_put, may_alias=False)  # a buffer copy: no small program compiled per shape
     jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
                                     for i, a in enumerate(args)]))
