@@ -11,9 +11,12 @@ there, and its token d^j_i is an independent draw from p:
 Lossless: each candidate is one speculative step against the current r, so the token that leaves
 depth i follows r = q (speculative.py's proof, once per candidate). The proof needs the candidates
 to be independent draws from p: N copies of one chain, or chains made unlike on purpose (deduplicated),
-are not, and their output law is off (by up to 0.06 in tests/test_several.py's enumeration). SpecTr
-(Sun et al. 2023) verifies several candidates differently: K-SEQ accepts each against one fixed
-residual with min(1, q/(rho p)).
+are not, and their output law is off (tests/test_several.py's enumeration: a sequence's probability off by
+0.050 and 0.043 for two pairs of laws). Chains whose first drafts are chosen another way (distinct, or
+the most probable) are verified by the tree's rule for them instead (branches_rule). SpecTr (Sun et al.
+2023) verifies several candidates differently: K-SEQ tests each against the same scaled target, never
+updated, accepting with min(1, q/(rho p)) for a rho in [1, N], and only when all N are rejected draws
+from one residual that accounts for the chance of that.
 Where tree_verify.verify_tree follows the one node accepted, this rule keeps every chain that drafted the
 accepted prefix alive, so a second chain's next draft is still tried after the first chain's equal
 token was the one accepted: more drafts kept, the same law.
@@ -24,7 +27,7 @@ N chains are the tree with N branches from the root (tree.branches): the draft g
 one call a depth, and the target scores all N K + 1 nodes in one call, each chain seeing only its own
 tokens (tree attention). One cache serves every chain; the chain kept moves to consecutive slots as
 a tree's accepted path does. Run them as tree.TreeDraft(draft, tree.branches(N, K), "iid") with
-tree_verify.tree_step and a rule of BRANCHES.
+tree_verify.tree_step and branches_rule's rule.
 """
 
 import jax
@@ -35,6 +38,7 @@ from picospec.sampling import sample
 from picospec.speculative import accept_or_resample, at, residual
 from picospec.state import Verdict
 from picospec.tree import Shape
+from picospec.tree_verify import verify_tree
 from picospec.verifiers import match_rule
 
 
@@ -107,3 +111,16 @@ def match_branches(key_accept, key_extra, shape: Shape, children: str, tree, q, 
 
 
 BRANCHES = {accept_or_resample: token_branches, match_rule: match_branches}  # each rule's form for tree_step
+
+
+def branches_rule(rule, children: str = "iid"):
+    """The form of `rule` (accept_or_resample or match_rule) for tree_step on N chains whose first drafts,
+    the root's children, were chosen as `children` says (tree.CHILDREN; each chain goes on one draft a node).
+    Recursive rejection sampling needs the N first drafts to be independent draws from p ("iid"). N
+    drafts drawn without replacement ("distinct") or the N most probable ("top") are a tree's children,
+    verified exactly by the tree's own rule for them (tree_verify.verify_tree): recursive rejection
+    sampling over them is off (tests/test_several.py). The match rule never reads how the drafts were
+    chosen, only whether they equal the target's own samples, so it takes any."""
+    if children == "iid" or rule is match_rule:
+        return BRANCHES[rule]
+    return verify_tree

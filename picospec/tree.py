@@ -11,7 +11,7 @@ one child per node; N chains, the tree with N branches from the root (several.py
      children; the children are then chosen from p_j by one of three ways (`CHILDREN`): drawn
      independently ("iid"), the most probable ("top", ranked by the draft's plain softmax, so that at
      T = 0, where p_j is one-hot, the siblings are its next-best guesses), or drawn without
-     replacement ("distinct");
+     replacement ("distinct"; a child past p_j's support is an untried token of probability 0);
   2. the target scores all M + 1 nodes in one call with the same attention: q_j after each node.
 Verifying the tree, each way of choosing children by its own exact rule, is tree_verify.py.
 """
@@ -120,8 +120,9 @@ class TreeProposal(NamedTuple):  # step 1's result for a tree
 def choose(key, law, rank: int, tried, children: str):  # one child of a node with law p_j [V]
     if children == "top":
         return jnp.argsort(-law)[rank].astype(jnp.int32)
-    if children == "distinct":
-        return sample(key, jnp.where(tried, 0.0, law))
+    if children == "distinct":  # once p_j's support is spent (T = 0, top-k, top-p, underflow) there is nothing
+        untried = jnp.where(tried, 0.0, law)  # left to draw: the child is the first untried token, of p = 0,
+        return jnp.where(untried.sum() > 0, sample(key, untried), jnp.argmin(tried))  # which is never accepted
     return sample(key, law)
 
 

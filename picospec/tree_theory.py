@@ -35,7 +35,7 @@ def rank_law(children: str, p, q, width: int, draws: int = 64, seed: int = 0) ->
         if children == "top":
             law += child_acceptance("top", p_x, q_x, np.argsort(-p_x, kind="stable")[:width])
         else:
-            n = min(width, np.count_nonzero(p_x))  # children past p's support are never accepted (T = 0, top-k)
+            n = min(width, np.count_nonzero(p_x))  # children past p's support are never accepted (tree.choose)
             law[:n] += np.mean([child_acceptance("distinct", p_x, q_x, rng.choice(len(p_x), n, replace=False,
                                                                                   p=p_x / p_x.sum()))
                                 for _ in range(draws)], axis=0)
@@ -58,7 +58,7 @@ def child_acceptance(children: str, p, q, tokens) -> np.ndarray:
     for t in tokens:
         g = {"iid": p, "top": np.eye(len(p))[t],
              "distinct": np.where(np.isin(np.arange(len(p)), tried), 0.0, p)}[children]
-        g = g / g.sum()
+        g = g / g.sum() if g.sum() > 0 else g  # all zero: p's support spent, the child was not drawn
         accept = min(1.0, r[t] / g[t]) if g[t] > 0 else 0.0
         edges.append(left * accept)
         left *= 1 - accept

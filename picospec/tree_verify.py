@@ -15,7 +15,11 @@ the verifier has seen so far. That decides the rule for each way of choosing chi
   "top"      the b most probable tokens, chosen deterministically: g_c = the one-hot of c, so the
              trial accepts c with probability r(c) and a rejection removes c from r (any choice that
              is a function of the draft alone is as exact).
-  "distinct" drawn without replacement from p_j: g_c = p_j renormalized over the siblings not yet tried.
+  "distinct" drawn without replacement from p_j: g_c = p_j renormalized over the siblings not yet tried
+             (Recursive Speculative Decoding, Jeon et al. 2024). Once p_j's support is spent (T = 0,
+             top-k, top-p, or float32 underflow at a low temperature) g_c is all zero: the child was
+             not drawn, so it is never accepted and leaves r as it was, as the chain's rule treats a
+             draft of p = 0.
 Verifying children of one way as if they came from another breaks the law (tests/test_tree.py shows
 "top" children verified as "iid"). At temperature 0 q is one-hot, and the walk follows the target's
 argmax as long as a child holds it: the output is the target's greedy output.
@@ -35,10 +39,15 @@ from picospec.tree import Shape, TreeDraft, TreeProposal, feed
 def trial_law(children: str, law, token, tried):  # g_c [V]: the law child `token` was drawn from
     if children == "top":
         return jax.nn.one_hot(token, law.shape[0], dtype=law.dtype)
-    if children == "distinct":
+    if children == "distinct":  # all zero once p_j's support is spent: that child was not drawn (tree.choose)
         untried = jnp.where(tried, 0.0, law)
-        return untried / jnp.maximum(untried.sum(), 1e-30)
+        mass = untried.sum()
+        return jnp.where(mass > 0, untried / jnp.where(mass > 0, mass, 1.0), 0.0)
     return law
+
+
+def acceptance(r, g, token):  # min(1, r(c) / g(c)) as the uniform's bound; 0 where g(c) = 0: c was never drawn
+    return jnp.where(g[token] > 0, r[token] / jnp.where(g[token] > 0, g[token], 1.0), 0.0)
 
 
 def verify_tree(key_accept, key_extra, shape: Shape, children: str, tree: TreeProposal, q, greedy: bool = False):
@@ -55,7 +64,7 @@ def verify_tree(key_accept, key_extra, shape: Shape, children: str, tree: TreePr
             trial = going & ~taken & (parents[j - 1] == node)
             token = tree.tokens[j]
             g = trial_law(children, tree.laws[node], token, tried)
-            accept = trial & (u[j] < r[token] / g[token])
+            accept = trial & (u[j] < acceptance(r, g, token))
             next_node, taken = jnp.where(accept, j, next_node), taken | accept
             r = jnp.where(trial & ~accept, residual(r, g), r)
             tried = tried.at[token].set(tried[token] | trial)

@@ -34,16 +34,17 @@ def kids(shape, j):
 def trial_law(children, p, t, tried):  # the law child t was drawn from, as the verifier must see it
     if children == "top":
         return np.eye(V)[t]
-    if children == "distinct":
+    if children == "distinct":  # all zero once p's support is spent: that child was not drawn
         untried = np.where(np.isin(np.arange(V), list(tried)), 0.0, p)
-        return untried / untried.sum()
+        return untried / untried.sum() if untried.sum() > 0 else untried
     return p
 
 
-def tree_law(shape, children, tokens, P, Q):
+def tree_law(shape, children, tokens, P, Q, guarded=True):
     """The law of one iteration's output block (the accepted path's drafts, then one token) given the
     tree's tokens (node 0 is the last token x), written out: at each node the children in turn against
-    the residual r, as tree.py's docstring says."""
+    the residual r, as tree.py's docstring says. guarded=False, the control: a child of g = 0 is
+    accepted wherever r has mass on it (r / 0 = inf), as an unguarded min(1, r/g) does."""
     law = {}
 
     def walk(j, prefix, prob):
@@ -51,7 +52,7 @@ def tree_law(shape, children, tokens, P, Q):
         for c in kids(shape, j):
             t = tokens[c]
             g = trial_law(children, p, t, tried)
-            accept = min(1.0, r[t] / g[t]) if g[t] > 0 else 0.0
+            accept = min(1.0, r[t] / g[t]) if g[t] > 0 else float(not guarded and r[t] > 0)
             if accept > 0:
                 walk(c, prefix + (t,), prob * accept)
             prob *= 1 - accept
@@ -67,7 +68,8 @@ def tree_law(shape, children, tokens, P, Q):
 
 def draws(shape, children, x, P):
     """Every tree the draft can grow after x, with its probability: children drawn independently from
-    P[parent], the top ones of P[parent], or drawn from it without replacement."""
+    P[parent], the top ones of P[parent], or drawn from it without replacement (once its support is
+    spent, the first token not yet tried, as tree.choose proposes)."""
     for flat in itertools.product(range(V), repeat=shape.M):
         tokens, prob = (x,) + flat, 1.0
         for j in range(shape.M + 1):
@@ -79,25 +81,27 @@ def draws(shape, children, x, P):
                 elif children == "top":
                     prob *= float(t == np.argsort(-p, kind="stable")[rank])
                 else:
-                    prob *= 0.0 if t in tried else p[t] / (1 - p[tried].sum())
+                    untried = [y for y in range(V) if y not in tried]
+                    mass = p[untried].sum()
+                    prob *= (0.0 if t in tried else p[t] / mass) if mass > 0 else float(t == untried[0])
                 tried.append(t)
         if prob > 0:
             yield tokens, prob
 
 
-def tree_iteration(shape, children, verified_as=None):
+def tree_iteration(shape, children, verified_as=None, guarded=True):
     def iteration(rule, x, K, P, Q):
         law = {}
         for tokens, prob in draws(shape, children, x, P):
-            for block, p_block in tree_law(shape, verified_as or children, tokens, P, Q).items():
+            for block, p_block in tree_law(shape, verified_as or children, tokens, P, Q, guarded).items():
                 add(law, block, prob * p_block)
         return law
     return iteration
 
 
-def law_error(shape, children, seed, verified_as=None, L=3):
-    P, Q = markov_tables(seed)
-    law = stream_law(None, 0, L, None, P, Q, {}, tree_iteration(shape, children, verified_as))
+def law_error(shape, children, seed, verified_as=None, L=3, tables=markov_tables, guarded=True):
+    P, Q = tables(seed)
+    law = stream_law(None, 0, L, None, P, Q, {}, tree_iteration(shape, children, verified_as, guarded))
     target = markov_target_law(0, L, Q)
     return max(abs(law.get(s, 0.0) - target[s]) for s in target)
 

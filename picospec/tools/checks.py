@@ -131,7 +131,7 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
     tree (dynamic.Grown), D <= M <= W D and W below the vocabulary. Returns the loop's lookahead (a
     Shape's nodes M, a Grown's lookahead), or None without a tree."""
     if shape is None:
-        return None
+        return several_children(children, drafts, target)
     if isinstance(shape, Grown):
         if not all(whole(x) and x >= 1 for x in shape[:3]) or not shape.D <= shape.M <= shape.W * shape.D:
             raise PicospecError(f"a dynamic tree needs whole numbers with D <= M <= W D, got {shape}")
@@ -154,6 +154,23 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
     if children == "distinct" and max(shape.parents.count(j) for j in set(shape.parents)) > target.config.vocab_size:
         raise PicospecError("a node has more children than the vocabulary has tokens; use a narrower tree")
     return shape.M
+
+
+def several_children(children: str, drafts: int, target: Model) -> None:
+    """Without a tree, children choose several drafts' first tokens (several.branches_rule): one of
+    tree.CHILDREN, with --drafts, and no more distinct first tokens than the vocabulary has."""
+    if children == "iid":
+        return None
+    if children not in CHILDREN:
+        raise PicospecError(f"--children {children} needs --tree M" if children == "dynamic" else
+                            f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
+    if not (whole(drafts) and drafts > 1):
+        raise PicospecError(f"--children {children} chooses the children of a tree or of several drafts' root: "
+                            "give --tree M or --drafts N (N >= 2), or leave --children out")
+    if children == "distinct" and drafts > target.config.vocab_size:
+        raise PicospecError(f"{drafts} distinct first drafts need as many tokens; the vocabulary has "
+                            f"{target.config.vocab_size}: ask for fewer drafts")
+    return None
 
 
 def keys(value, B: int):

@@ -18,7 +18,7 @@ from picospec.dynamic import DynamicDraft, Grown
 from picospec.gpt2 import Model
 from picospec.ngram import NGramDraft
 from picospec.policy import fixed
-from picospec.several import BRANCHES
+from picospec.several import branches_rule
 from picospec.speculative import ModelDraft, speculative_step
 from picospec.state import empty_trace
 from picospec.tools import checks
@@ -34,7 +34,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     """The lesson's (draft, step, verify) for these options: the draft a Model or an NGramDraft, the
     rule a name of verifiers.RULES, drafts the chains per call, policy a policy.Policy or None,
     tree a tree.Shape (its children chosen by `children`; the tree's own rule verifies it, or with
-    several drafts, the tree of their branches (as_tree), the rule's form for chains)."""
+    several drafts, the tree of their branches (as_tree), the rule's form for chains whose first drafts
+    are chosen by `children`)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
     if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
@@ -43,7 +44,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     if tree == chain(K) and children != "top" and drafts == 1:  # a chain drawn from p (one child a node: iid
         return draft, speculative_step, verify  # is distinct): run it on speculative.py's step, less machinery
     if tree is not None:
-        return TreeDraft(draft, tree, children), tree_step, BRANCHES[verify] if drafts > 1 else verify_tree
+        rule = branches_rule(verify, children) if drafts > 1 else verify_tree
+        return TreeDraft(draft, tree, children), tree_step, rule
     if policy is None and isinstance(draft, NGramDraft):
         policy = fixed(K)  # a lookup may find nothing: it runs as a draft that proposes fewer than K
     if policy is not None:

@@ -32,7 +32,7 @@ def parse_args(argv):
     parser.add_argument("--children", choices=[*CHILDREN, "dynamic"], default="iid",
                         help="with --tree: a node's children drawn independently (iid), the most probable (top), "
                         "drawn without replacement (distinct), or the tree grown each call where the draft is "
-                        "confident (dynamic, EAGLE-2)")
+                        "confident (dynamic, EAGLE-2); with --drafts N: how the chains' first tokens are chosen")
     parser.add_argument("--verify", choices=list(RULES), default="token",
                         help="how drafts are checked: match, token (min(1, q/p)) or block (default token)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
