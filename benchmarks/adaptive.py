@@ -17,14 +17,14 @@ import jax
 import numpy as np
 
 import picospec
-from picospec import theory
+from picospec.autoregressive import buffers
+from picospec.beyond import theory
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
-from picospec.autoregressive import buffers
 from picospec.sampling import Sampling
+from picospec.tools.bench.report import cpu_name
 from picospec.tools.cli.costs import auto_policy
 from picospec.tools.cli.options import AUTO_K_MAX
-from picospec.tools.bench.report import cpu_name
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 FIXED = range(1, 9)  # the fixed K raced against auto

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 import picospec
-from picospec.batch import batch_buffers
+from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 import picospec
-from picospec import Sampling, theory
+from picospec import Sampling
+from picospec.beyond import theory
 from picospec.sampling import logits_to_probs
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times

@@ -31,8 +31,8 @@ DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt
 
 import jax
 import numpy as np
+
 import picospec
-from IPython.display import HTML, display
 
 draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
 tokenizer = picospec.load_tokenizer(TARGET)
@@ -41,7 +41,8 @@ print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
 
 # %%
 import os
-from picospec import theory
+
+from picospec.beyond import theory
 
 QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's smoke run: fewer runs and temperatures
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying",
@@ -107,6 +108,7 @@ print("α by position:", ", ".join(f"{x:.2f} ± {e:.2f}" for x, e in zip(alpha_i
 
 # %%
 from picospec.sampling import Sampling, logits_to_probs
+
 
 def exact_and_measured(temperature, runs):
     """From run_all(temperature)'s runs: (exact α over tested positions, measured α there, its standard error, exact α over all positions,

@@ -38,6 +38,7 @@ DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt
 
 import jax
 import numpy as np
+
 import picospec
 
 draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
@@ -86,8 +87,9 @@ print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2
 
 # %%
 import matplotlib.pyplot as plt
-from picospec import theory
+
 from picospec.autoregressive import buffers
+from picospec.beyond import theory
 from picospec.tools.bench.timing import forward_times, race
 
 plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})

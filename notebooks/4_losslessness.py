@@ -33,8 +33,8 @@ DRAFT, TARGET = {"bundled": ("tiny-draft", "tiny-target"), "gpt2": ("gpt2", "gpt
 
 import jax
 import numpy as np
+
 import picospec
-from IPython.display import HTML, display
 
 draft, target = picospec.load_model(DRAFT), picospec.load_model(TARGET)
 tokenizer = picospec.load_tokenizer(TARGET)
@@ -42,7 +42,7 @@ print(f"draft {DRAFT}: {draft.config.n_layer} layers x {draft.config.n_embd}; "
       f"target {TARGET}: {target.config.n_layer} layers x {target.config.n_embd}")
 
 # %%
-from picospec import theory
+from picospec.beyond import theory
 from picospec.sampling import Sampling, logits_to_probs
 
 PROMPT, TOP_K = "Now therefore let Pharaoh", 8  # a held-out verse's start, where p and q disagree
@@ -85,6 +85,7 @@ plt.legend(loc="upper left", bbox_to_anchor=(1.01, 1)); plt.tight_layout(); plt.
 
 # %%
 import os
+
 from scipy.stats import chisquare
 
 N = 500 if os.environ.get("PICOSPEC_NOTEBOOK_QUICK") else 10_000  # the test suite's smoke run draws fewer

@@ -17,7 +17,7 @@
 # # The ladder of verifiers
 #
 # Steps 3 and 4 of speculative sampling decide how many of the K drafted tokens to keep, and draw one
-# more. Three rules do it losslessly (`picospec/verifiers.py`, `picospec/speculative.py`):
+# more. Three rules do it losslessly (`picospec/beyond/verifiers.py`, `picospec/speculative.py`):
 #
 # - **match**: keep d_i while it equals a token the target samples itself at that position;
 # - **token**: keep d_i with probability min(1, q(d_i)/p(d_i)), resample a rejection from norm(max(0, q − p));
@@ -37,8 +37,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import picospec
-from picospec import theory
-from picospec.verifiers import RULES, block_residuals
+from picospec.beyond import theory
+from picospec.beyond.verifiers import RULES, block_residuals
 
 plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 QUICK = bool(os.environ.get("PICOSPEC_NOTEBOOK_QUICK"))  # the test suite's shorter run
@@ -137,7 +137,7 @@ for K in KS:
 # ## Several drafts
 #
 # With `drafts=N` the draft samples N independent chains, and the target scores them in one call as
-# the tree of N branches from the root: N K + 1 positions in one cache (`picospec/several.py`). At each depth the chains still alive are tried in
+# the tree of N branches from the root: N K + 1 positions in one cache (`picospec/beyond/several.py`). At each depth the chains still alive are tried in
 # turn against a residual that shrinks after every rejection (recursive rejection sampling), so one
 # position is kept with chance α_N = 1 − Π_m (1 − Σ_x min(p, r_m)) (`theory.alpha_several`), more than
 # α. Below, tokens per call **measured** for N = 1, 2, 4 (token rule, K = 3, temperature 0.8) beside
@@ -148,7 +148,6 @@ for K in KS:
 
 # %%
 from picospec.sampling import logits_to_probs  # noqa: E402
-
 from picospec.tools.checkpoints.weights import BUNDLED_DIR  # noqa: E402
 
 heldout = (BUNDLED_DIR / "heldout_sample.txt").read_text()
@@ -179,7 +178,7 @@ for n, b in zip(NS, predicted):
 # %% [markdown]
 # ## Adaptive K
 #
-# `--K auto` (`picospec/adaptive.py`) picks, before each call, the k that maximizes expected tokens per
+# `--K auto` (`picospec/beyond/adaptive.py`) picks, before each call, the k that maximizes expected tokens per
 # unit of time, E[1 + α + … + α^k] / (k c + v(k)), with the costs timed on this machine and the
 # expectation taken over α's posterior given the calls so far: each draft judged counts its chance of
 # acceptance, β = Σ_x min(p(x), q(x)), rather than whether it was accepted (less noise). Here the
@@ -188,7 +187,7 @@ for n, b in zip(NS, predicted):
 # the draft proposing a token q never accepts).
 
 # %%
-from picospec.policy import Policy, alpha_estimate  # noqa: E402
+from picospec.beyond.policy import Policy, alpha_estimate  # noqa: E402
 
 policy = Policy(jnp.float32(0.25), 1 + 0.1 * jnp.arange(0, 9, dtype=jnp.float32), jnp.float32(0))  # k = 0..8
 _, trace = picospec.speculative_sample(draft, target, prompt, 100, jax.random.key(3), K=8, temperature=0.8,
@@ -214,7 +213,7 @@ print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, fro
 # %% [markdown]
 # ## From chain to tree
 #
-# A chain bets on one guess per position. A tree (`picospec/tree.py`) keeps several: every node is a
+# A chain bets on one guess per position. A tree (`picospec/beyond/tree.py`) keeps several: every node is a
 # drafted token whose parent is an earlier node, the target scores all of them in one call (each node
 # attends to the text and to its own ancestors only), and verification walks down from the root,
 # trying a node's children in turn against the residual r, as several drafts do. Below, one real
@@ -223,12 +222,12 @@ print(f"{steps} calls for 100 tokens; k drafted: mean {k_chosen.mean():.2f}, fro
 # red, the ones never tried in grey.
 
 # %%
-from picospec import tree_theory  # noqa: E402
 from picospec.autoregressive import buffers  # noqa: E402
+from picospec.beyond import tree_theory  # noqa: E402
+from picospec.beyond.loop import ModelDraft, start  # noqa: E402
+from picospec.beyond.tree import Shape, TreeDraft, feed  # noqa: E402
+from picospec.beyond.tree_verify import verify_tree  # noqa: E402
 from picospec.sampling import Sampling, logits_to_probs  # noqa: E402
-from picospec.speculative import ModelDraft, start  # noqa: E402
-from picospec.tree import Shape, TreeDraft, feed  # noqa: E402
-from picospec.tree_verify import verify_tree  # noqa: E402
 
 shape, sampling = Shape(tree_theory.optimal_tree(8, tree_theory.rank_acceptance(0.6, 8))), Sampling(0.8)
 tree_draft = TreeDraft(ModelDraft(draft), shape, "iid")
@@ -287,7 +286,7 @@ plt.show()
 # where α is lower or the budget larger (`benchmarks/trees.py`).
 
 # %%
-from picospec.tree import branches  # noqa: E402
+from picospec.beyond.tree import branches  # noqa: E402
 
 runs = 4 if QUICK else 32
 keys_tree = jax.random.split(jax.random.key(21), runs)

@@ -32,10 +32,12 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+
 import picospec
-from picospec import speculative, verifiers
+from picospec import speculative
+from picospec.beyond import verifiers
+from picospec.beyond.loop import Verdict
 from picospec.sampling import Sampling, logits_to_probs, sample
-from picospec.state import Verdict
 
 plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 N = 1_000 if os.environ.get("PICOSPEC_NOTEBOOK_QUICK") else 6_000  # the test suite's smoke run draws fewer

@@ -1,10 +1,10 @@
 """picospec: speculative sampling on GPT-2, from scratch in JAX."""
 
+from picospec.beyond.loop import Trace
+from picospec.beyond.ngram import NGramDraft
 from picospec.errors import PicospecError
 from picospec.gpt2 import GPT2Config, KVCache, Model, forward, init_cache
-from picospec.ngram import NGramDraft
 from picospec.sampling import Sampling
-from picospec.state import Trace
 from picospec.tools.checkpoints.weights import load_model, load_tokenizer
 from picospec.tools.samplers import (
                                      autoregressive_sample,

@@ -28,41 +28,24 @@ Why, at one position: x comes out either as an accepted draft or from the residu
        = min(p(x), q(x)) + max(0, q(x) - p(x)) = q(x),
 because the rejection mass 1 - sum_y min(p, q) equals sum_y max(0, q - p) (p and q both sum to 1).
 
-Later chapters plug in without changing this file: a draft is anything with `prefill` and `propose`
-(ngram.py, adaptive.py); steps 3 and 4 any function like accept_or_resample returning a Verdict
-(verifiers.py); step 2 any function like score (adaptive.py); an iteration one built of these (several.py).
-A draft that may stop drafting for good says so (`may_stop`, and `stopped(state)`: adaptive.py's k = 0);
-the loop then goes on with the target alone, autoregressive steps on the same state (`target_alone`).
+Part II (picospec/beyond/) builds its chapters from these functions, with a loop of its own (loop.py).
 """
 
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from picospec.autoregressive import DecodeState, autoregressive_step, buffers, generated, prefill
+from picospec.autoregressive import buffers, generated, prefill
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.state import Proposal, SpecState, Trace, Verdict, empty_trace
 
 
-class ModelDraft(NamedTuple):
-    """The paper's draft: a smaller model, behind the two functions every draft offers."""
-
-    model: Model
-    may_stop = False  # it drafts until the end
-
-    def prefill(self, tokens, n, prefill_len: int, max_len: int) -> KVCache:
-        return prefill(self.model, tokens, n, prefill_len, max_len)
-
-    def propose(self, state: SpecState, key, K: int, sampling: Sampling) -> Proposal:
-        return propose(self.model, state.tokens, state.n, state.draft_cache, key, K, sampling)
-
-
 def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Sampling) -> Proposal:
-    """Step 1: the draft samples d_0..d_{K-1} after tokens[:n], one forward call each.
-    Returns them with p float32 [K, V], and the draft's cache holding positions [0, n + K - 1): the
+    """Step 1: the draft samples d_0..d_{K-1} after tokens[:n], one forward call each: the plain idea
+    feeds x[n-1] for p[0], then each d_i for p[i+1] (a scan). Its first call is `catch_up`, a speed trick
+    below. Returns d [K], p float32 [K, V], and the draft's cache holding positions [0, n + K - 1): the
     sequence and d_0..d_{K-2} (d_{K-1} is sampled but not fed: it may be rejected)."""
     keys, greedy = jax.random.split(key, K), sampling.greedy
     p_first, cache = catch_up(draft, tokens, n, cache, sampling)
@@ -75,11 +58,12 @@ def propose(draft: Model, tokens, n, cache: KVCache, key, K: int, sampling: Samp
 
     (cache, p_last), (drafted, p) = jax.lax.scan(draft_step, (cache, p_first), keys[:K - 1])
     d_last = sample(keys[K - 1], p_last, greedy)
-    return Proposal(jnp.concatenate([drafted, d_last[None]]), jnp.concatenate([p, p_last[None]]), cache, K)
+    return Proposal(jnp.concatenate([drafted, d_last[None]]), jnp.concatenate([p, p_last[None]]), cache)
 
 
 def catch_up(draft: Model, tokens, n, cache: KVCache, sampling: Sampling):
-    """The draft's first call of an iteration: bring its cache to n - 1 positions, and return p[0].
+    """A speed trick, the draft's first call of an iteration: bring its cache to n - 1 positions, and
+    return p[0].
 
     After a rejection the draft's cache holds x[:n-1], like the target's. After a full accept it lags
     one behind: the last draft token d_{K-1} was never fed, so it holds x[:n-2]. Rather than spend a
@@ -92,9 +76,9 @@ def catch_up(draft: Model, tokens, n, cache: KVCache, sampling: Sampling):
     return p_first, cache._replace(length=n)  # drop the scratch slot, if it was written
 
 
-def score(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, forward=forward):
+def score(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling):
     """Step 2: the target scores x[n-1], d_0, ..., d_{K-1} in ONE forward call; q[i] predicts the slot
-    of d_i and q[K] the slot after them. Returns q float32 [K+1, V] and what `forward` gives for the cache."""
+    of d_i and q[K] the slot after them. Returns q float32 [K+1, V] and the target's cache."""
     scored = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), proposal.drafted])  # [K+1]
     logits, cache = forward(target, scored, cache)  # [K+1, V]
     return logits_to_probs(logits, sampling), cache
@@ -142,78 +126,57 @@ def advance(state: SpecState, proposal: Proposal, verdict: Verdict, target_cache
 
 
 def record(trace: Trace, proposal: Proposal, verdict: Verdict) -> Trace:
-    row = {"drafted": proposal.drafted, "k": proposal.k, **verdict._asdict()}  # written at row n_steps
+    row = {"drafted": proposal.drafted, **verdict._asdict()}  # written at row n_steps
     return trace._replace(**{name: getattr(trace, name).at[trace.n_steps].set(value) for name, value in row.items()},
                           n_steps=trace.n_steps + 1)
 
 
-def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: Sampling, eos_id: int,
-                     verify=accept_or_resample, score=score) -> SpecState:
+def speculative_step(draft: Model, target: Model, state: SpecState, K: int, sampling: Sampling,
+                     eos_id: int) -> SpecState:
     """One iteration of Chen et al., Algorithm 2: draft K, verify K + 1, keep 1 to K + 1 tokens."""
     key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
     # Step 1: the draft proposes d_0..d_{K-1}, each drawn from its p[i].
-    proposal = draft.propose(state, key_draft, K, sampling)
+    proposal = propose(draft, state.tokens, state.n, state.draft_cache, key_draft, K, sampling)
     # Step 2: the target scores them, and the position after them, in one call: q[0..K].
     q, target_cache = score(target, state.tokens, state.n, proposal, state.target_cache, sampling)
     # Steps 3 and 4: a leading run of drafts accepted, then one token more.
-    verdict = verify(key_accept, key_extra, proposal.drafted, proposal.p, q, sampling.greedy)
+    verdict = accept_or_resample(key_accept, key_extra, proposal.drafted, proposal.p, q, sampling.greedy)
     # Step 5: append them, and roll the caches back to the accepted length.
     return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id)
 
 
-def target_alone(draft, target: Model, state: SpecState, K: int, sampling: Sampling, eos_id: int, verify=None):
-    """The iteration once the draft has stopped for good: one autoregressive step of the target on the
-    same state, recorded as an iteration that drafted nothing (k = 0). The draft's cache stays behind."""
-    after = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, state.key, state.done),
-                                sampling, eos_id)
-    nothing, zeros = Proposal(jnp.zeros(K, jnp.int32), None, None, jnp.int32(0)), jnp.zeros(K)
-    verdict = Verdict(jnp.int32(0), after.tokens[state.n], zeros, zeros)
-    return state._replace(tokens=after.tokens, n=after.n, target_cache=after.cache, key=after.key, done=after.done,
-                          trace=record(state.trace, nothing, verdict))
-
-
-def drafting(draft, state: SpecState):  # bool []: the draft has not stopped for good
-    return ~draft.stopped(state) if draft.may_stop else jnp.array(True)
-
-
-def start(draft, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int) -> SpecState:
+def start(draft: Model, target: Model, tokens, n_prompt, key, K: int, prefill_len: int, max_len: int) -> SpecState:
     """The state before the first iteration: both caches prefilled with the prompt but its last token."""
     n_prompt = jnp.asarray(n_prompt, jnp.int32)
-    return SpecState(tokens, n_prompt, draft.prefill(tokens, n_prompt, prefill_len, max_len),
+    return SpecState(tokens, n_prompt, prefill(draft, tokens, n_prompt, prefill_len, max_len),
                      prefill(target, tokens, n_prompt, prefill_len, max_len), key, jnp.array(False),
                      empty_trace(tokens.shape[0], K))  # each iteration adds >= 1 token: at most L of them
 
 
-@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "verify", "step"))
-def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id,
-                     verify=accept_or_resample, step=speculative_step):
+@partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id"))
+def speculative_loop(draft, target, tokens, n_prompt, key, n_tokens, K, sampling, prefill_len, max_len, eos_id):
     state = start(draft, target, tokens, n_prompt, key, K, prefill_len, max_len)
-    going = lambda s: (s.n < n_prompt + n_tokens) & ~s.done  # noqa: E731
-    state = jax.lax.while_loop(lambda s: going(s) & drafting(draft, s),
-                               lambda s: step(draft, target, s, K, sampling, eos_id, verify), state)
-    if draft.may_stop:  # what is left after it stopped: the target alone
-        state = jax.lax.while_loop(going, lambda s: target_alone(draft, target, s, K, sampling, eos_id), state)
+    state = jax.lax.while_loop(lambda s: (s.n < n_prompt + n_tokens) & ~s.done,
+                               lambda s: speculative_step(draft, target, s, K, sampling, eos_id), state)
     return generated(state.tokens, n_prompt, n_tokens, eos_id), state.trace
 
 
-def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
-                       top_k=0, top_p=1.0, stop_at_eos=False, verify=accept_or_resample, step=speculative_step):
+def speculative_sample(draft: Model, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
+                       top_k=0, top_p=1.0, stop_at_eos=False):
     """Sample n_tokens from `target`, with `draft` proposing K tokens per target call. A pure function
     of its inputs: jax.jit and jax.vmap (over key) both work.
     Args:
-      draft, target: Models sharing a vocabulary; the draft may be any draft (ngram.py, adaptive.py).
+      draft, target: Models sharing a vocabulary.
       prompt_tokens: int [P], P >= 1.
       n_tokens: tokens to generate (>= 1); P + n_tokens + K - 1 must fit in the target's n_positions.
       key: a jax.random key (the same key, the same tokens); K: tokens drafted per iteration (>= 1).
       temperature, top_k, top_p: see sampling.Sampling; both models are standardized alike.
       stop_at_eos: stop at <|endoftext|>; the slots after it are filled with <|endoftext|>.
-      verify, step: steps 3 and 4, and one iteration (a later chapter's, for its own kind of draft).
     Returns:
       tokens: int32 [n_tokens], distributed exactly as target's autoregressive samples.
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
     """
     tokens, prefill_len, max_len = buffers(prompt_tokens, n_tokens, K, target.config)
     eos_id = target.config.eos_token_id if stop_at_eos else -1  # -1: no token, never stop
-    draft = ModelDraft(draft) if isinstance(draft, Model) else draft
     return speculative_loop(draft, target, tokens, len(prompt_tokens), key, n_tokens, K,
-                            Sampling(temperature, top_k, top_p), prefill_len, max_len, eos_id, verify, step)
+                            Sampling(temperature, top_k, top_p), prefill_len, max_len, eos_id)

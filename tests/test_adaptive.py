@@ -14,15 +14,25 @@ import pytest
 from conftest import early_exit, random_model
 from stats import FAIL, PASS, chi_square_p
 from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_law
-from test_verifiers import (RESIDUALS, V, add, block_law, markov_tables, markov_target_law, match_law, stream_law,
-                            token_law)
+from test_verifiers import (
+    RESIDUALS,
+    V,
+    add,
+    block_law,
+    markov_tables,
+    markov_target_law,
+    match_law,
+    stream_law,
+    token_law,
+)
 
 import picospec
-from picospec import Sampling, adaptive, theory
-from picospec.policy import ALIKE, Policy, alpha_estimate, choose_k, evidence, fixed
+from picospec import Sampling
+from picospec.beyond import adaptive, theory
+from picospec.beyond.policy import ALIKE, Policy, alpha_estimate, choose_k, evidence, fixed
+from picospec.beyond.verifiers import RULES
 from picospec.sampling import logits_to_probs
 from picospec.tools.cli.stream import stream
-from picospec.verifiers import RULES
 
 POLICY = Policy(jnp.float32(0.2), jnp.float32([1.2, 1.0, 1.1, 1.3, 1.6]), jnp.float32(0.3))  # K_max = 4
 # K_max = 3, 2 drafts at first, and k = 0 once two drafts were judged and alpha looks below ~1/2: runs
@@ -229,7 +239,7 @@ def test_with_a_horizon_choose_k_weighs_the_time_to_finish_and_a_batch_its_slowe
     times v(k); a batch of 4: the calls until its last row is done, simulated (4000 batches, a fixed
     seed). choose_k's k is within 2% of the best in both. The control: the rate alone (no horizon)
     drafts 7, which a batch of 4 finishes more than 5% later."""
-    from picospec.batch import ROWS, together
+    from picospec.beyond.batch import ROWS, together
     R, B = 64, 4
     policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0),
                              horizon=jnp.float32(R))  # never k = 0
@@ -263,8 +273,8 @@ def test_a_batch_drafts_the_k_that_finishes_its_slowest_row_soonest():
     other's (0.5): the batch is done when the second row is, so both draft that row's best k, 1. The
     control: the k with the most tokens per unit of time summed over the rows, 3, would finish that row
     more than 15% later."""
-    from picospec.batch import ROWS, furthest, together
-    from picospec.policy import time_per_token
+    from picospec.beyond.batch import ROWS, furthest, together
+    from picospec.beyond.policy import time_per_token
     policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0), horizon=jnp.float32(64))
     alpha = jnp.float32([0.9, 0.5])
     ks = jax.vmap(lambda s, f: choose_k(policy, s, f, together, slowest=furthest), axis_name=ROWS)(alpha * 1e6,
@@ -280,9 +290,9 @@ def test_a_row_counts_the_other_rows_evidence_as_ALIKE_drafts_at_most():
     (4 rejected). Alone, that row would draft 1, and so would the batch that followed its own evidence
     (the control, pool = own); counting the others' 36 drafts as 32, the batch drafts 3. With a
     million drafts each (the test above), the others' 32 do not move a row."""
-    from picospec.batch import ROWS, furthest, together
-    from picospec.policy import ALIKE
-    from picospec.score_first import own
+    from picospec.beyond.batch import ROWS, furthest, together
+    from picospec.beyond.policy import ALIKE
+    from picospec.beyond.score_first import own
     policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0), horizon=jnp.float32(64))
     s, f = jnp.float32([8, 12, 12, 12]), jnp.float32([4, 0, 0, 0])
     batch = lambda pool: jax.vmap(lambda s, f: choose_k(policy, s, f, pool, slowest=furthest),  # noqa: E731
@@ -463,8 +473,8 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     Prior (3, 17) a row: alone, 20 judged drafts, alpha ~ 0.18 could still pay 2 sd up, so it drafts;
     four rows pool 80, past evidence_to_stop, and at alpha ~ 0.16 k = 0 wins. The control: deciding
     row by row, as the start did before, would prefill drafts the batch never runs."""
-    from picospec.batch import ROWS, batch_buffers, batch_drafting, batch_start, in_batch
-    from picospec.speculative import ModelDraft, start
+    from picospec.beyond.batch import ROWS, batch_buffers, batch_drafting, batch_start, in_batch
+    from picospec.beyond.loop import ModelDraft, start
     v, K = jnp.float32([1.0, 1.2, 1.4, 1.6]), 3
     policy = Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([3, 17]))
     draft = adaptive.AdaptiveDraft(ModelDraft(DRAFT), policy)
@@ -488,7 +498,7 @@ def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loop
     autoregressively in the target's own buffers: every token and every trace field is what the loop
     gives (its k = 0 from the first iteration is the target's own steps, from the same keys), sampled,
     a row stopping at <|endoftext|>. The control: a prior that drafts runs the loop."""
-    from picospec.batch import batch_buffers, speculative_batch
+    from picospec.beyond.batch import batch_buffers, speculative_batch
     from picospec.tools import samplers
     v, K, n = jnp.float32([1.0, 1.5, 1.8, 2.0]), 3, 12  # drafting pays only if alpha is high
     doubtful = Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([1, 20]), horizon=jnp.float32(n))
@@ -548,9 +558,9 @@ def test_a_model_draft_compiles_no_block_of_one_position():
     """A model drafts one token at least every iteration it drafts, so its step's score_first compiles no
     branch for one position (the bundled pair's auto iteration program: 4.3 MB -> 3.7 MB); a lookup, which
     may find nothing, keeps it. Counted in the step's traced program: the switch's branches."""
-    from picospec.ngram import NGramDraft
-    from picospec.score_first import score_sizes
-    from picospec.speculative import start
+    from picospec.beyond.loop import start
+    from picospec.beyond.ngram import NGramDraft
+    from picospec.beyond.score_first import score_sizes
     from picospec.tools import samplers
     assert score_sizes(7) == [1, 2, 4, 8] and score_sizes(7, least=1) == [2, 4, 8] and score_sizes(2, least=2) == [3]
 

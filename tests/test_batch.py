@@ -9,8 +9,8 @@ from test_speculative import DRAFT, N_PATH, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
 from picospec.tools.memory import available_memory, check_memory, compiled_need, memory_per_row
+from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
 
 BIG_TARGET = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
 BIG_DRAFT = early_exit(BIG_TARGET, 1)
@@ -141,8 +141,8 @@ def test_the_memory_checked_is_the_device_chosen_not_the_default_backend(monkeyp
 def test_the_estimate_covers_what_the_compiled_batch_allocates():
     """The batch entry points gate on memory_per_row; the compiled program's own memory_analysis
     must not need more (nor much less: the estimate would refuse batches that fit)."""
-    from picospec.batch import batch_buffers, speculative_batch
-    from picospec.speculative import ModelDraft
+    from picospec.beyond.batch import batch_buffers, speculative_batch
+    from picospec.beyond.loop import ModelDraft
     rows = [[1, 2, 3]] * 8
     tokens, n_prompt, prefill_len, max_len = batch_buffers(rows, 100, 4, BIG_TARGET.config)
     compiled = speculative_batch.lower(ModelDraft(BIG_DRAFT), BIG_TARGET, tokens, n_prompt,
@@ -197,8 +197,8 @@ def test_the_batch_multiplies_each_weight_once_for_all_rows():
 def test_an_iteration_writes_new_positions_and_copies_no_cache():
     """The batched loop selects only a finished row's small state; its caches take the step's writes.
     (A vmap of the one-row loop selects every cache buffer, every iteration: 4 here, 2 per model.)"""
-    from picospec.batch import autoregressive_batch, batch_buffers, speculative_batch
-    from picospec.speculative import ModelDraft
+    from picospec.beyond.batch import autoregressive_batch, batch_buffers, speculative_batch
+    from picospec.beyond.loop import ModelDraft
     target = random_model(n_layer=1, vocab_size=16, n_positions=64)
     draft = early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1)
     tokens, n_prompt, prefill_len, max_len = batch_buffers([[1, 2], [3], [4, 5, 6]], 8, 3, target.config)
@@ -211,7 +211,7 @@ def test_an_iteration_writes_new_positions_and_copies_no_cache():
         assert "stablehlo.while" in text and "stablehlo.scatter" in text  # cache writes at each row's position
         assert not [line for line in text.splitlines() if "stablehlo.select" in line and cache in line]
     # The control: a vmap of the one-row loop does select whole caches (the count sees them).
-    from picospec.speculative import speculative_loop
+    from picospec.beyond.loop import speculative_loop
     vmapped = jax.jit(lambda d, t, x, n, k: jax.vmap(lambda x, n, k: speculative_loop(
         d, t, x, n, k, 8, 3, Sampling(0.8), prefill_len, max_len, -1))(x, n, k))
     text = vmapped.lower(ModelDraft(draft), target, tokens, n_prompt, keys).as_text()

@@ -16,9 +16,9 @@ import pytest
 from conftest import DATA, DEVICE
 
 import picospec
-from picospec.adaptive import AdaptiveDraft
-from picospec.batch import batch_buffers
-from picospec.policy import Policy, choose_k
+from picospec.beyond.adaptive import AdaptiveDraft
+from picospec.beyond.batch import batch_buffers
+from picospec.beyond.policy import Policy, choose_k
 from picospec.sampling import Sampling
 from picospec.tools import cli
 from picospec.tools.cli import cost_model, costs, jit_cache, options

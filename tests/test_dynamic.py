@@ -15,10 +15,10 @@ from test_verifiers import add, markov_tables, markov_target_law, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.dynamic import DynamicDraft, Grown, calibration, grown
+from picospec.beyond.dynamic import DynamicDraft, Grown, calibration, grown
+from picospec.beyond.loop import ModelDraft, start
+from picospec.beyond.tree import Shape
 from picospec.sampling import logits_to_probs
-from picospec.speculative import ModelDraft, start
-from picospec.tree import Shape
 
 
 def reference_tree(budget: Grown, x, law_after):

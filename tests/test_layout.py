@@ -18,38 +18,59 @@ ASIDE = {"errors", "fastpath"}  # the one exception and the platform seam: any c
 PLATFORM_CODE = re.compile(r"optimization_barrier|platform_dependent|/proc/|Mesh|jax\.devices|default_backend")
 
 
-def reading_order() -> list[str]:
-    """The lesson's files in the order of the README's table (| 0 | `picospec/paper.py` | ... |)."""
-    rows = re.findall(r"^\| *(\d+) *\| *`picospec/(\w+)\.py` *\|", (ROOT / "README.md").read_text(), re.M)
+def reading_order(folder: str) -> list[str]:
+    """One part's files in the order of its README table (| 0 | `picospec/paper.py` | ... |)."""
+    rows = re.findall(rf"^\| *(\d+) *\| *`{folder}/(\w+)\.py` *\|", (ROOT / "README.md").read_text(), re.M)
     assert [int(n) for n, _ in rows] == list(range(len(rows)))
     return [name for _, name in rows]
 
 
-LESSON = reading_order()
+PART_I, PART_II = reading_order("picospec"), reading_order("picospec/beyond")
+LESSON = PART_I + [f"beyond/{name}" for name in PART_II]  # the files, under picospec/
 
 
 def imports(module: str) -> set[str]:
-    """The picospec modules a file imports, by their short names (tools as "tools")."""
+    """The picospec modules a file (picospec/{module}.py) imports: Part I's and the aside by their short
+    names, Part II's as beyond/name, the tools as "tools"."""
     tree = ast.parse((ROOT / "picospec" / f"{module}.py").read_text())
     found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    found |= {f"picospec.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-              and node.module == "picospec" for alias in node.names}
-    return {name.split(".")[1] for name in found if name.startswith("picospec.")}
+    found |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module in ("picospec", "picospec.beyond") for alias in node.names}
+    names = set()
+    for name in found:
+        parts = name.split(".")
+        if parts[0] == "picospec" and len(parts) > 1:
+            names.add("/".join(parts[1:3]) if parts[1] == "beyond" and len(parts) > 2 else parts[1])
+    return names - {"beyond"}
 
 
 def test_each_chapter_imports_only_the_chapters_before_it():
+    """Part I: only the Part I files above it. Part II: Part I, and the Part II files above it."""
     for i, module in enumerate(LESSON):
         allowed = set(LESSON[:i]) | ASIDE | ({"gpt2", "sampling"} if module == "paper" else set())
         assert imports(module) <= allowed, f"{module}.py imports {imports(module) - allowed}"
-    # The controls: the check sees imports, including `from picospec import x`.
-    assert "adaptive" in imports("batch") and "speculative" in imports("tools/samplers")
+    # The controls: the check sees imports, including `from picospec.beyond import x`.
+    assert "beyond/adaptive" in imports("beyond/batch") and "beyond/loop" in imports("tools/samplers")
 
 
-def test_the_table_lists_the_whole_lesson_and_the_core_stands_alone():
+def test_the_tables_list_both_parts_and_part_one_stands_alone():
     files = {path.stem for path in (ROOT / "picospec").glob("*.py")} - ASIDE - {"__init__", "__main__"}
-    assert set(LESSON) == files and LESSON[0] == "paper"
-    assert not imports("speculative") & {"verifiers", "adaptive", "several", "ngram", "batch", "theory", "tools"}
+    assert set(PART_I) == files and PART_I[0] == "paper"
+    assert set(PART_II) == {path.stem for path in (ROOT / "picospec" / "beyond").glob("*.py")} - {"__init__"}
+    assert PART_II[0] == "loop"
+    for module in PART_I:
+        assert not {name for name in imports(module) if name.startswith("beyond/") or name == "tools"}, module
+
+
+def test_part_one_is_an_evening_and_carries_no_hook_of_part_two():
+    """At most 650 lines, and none of Part II's words or parameters."""
+    text = {module: (ROOT / "picospec" / f"{module}.py").read_text() for module in PART_I}
+    assert sum(len(t.splitlines()) for t in text.values()) <= 650
+    hooks = re.compile(r"may_stop|target_alone|drafting|policy|beta|\b(verify|score|step|forward)=")
+    for module, t in text.items():
+        assert not hooks.search(t), (module, hooks.search(t))
+    assert hooks.search((ROOT / "picospec" / "beyond" / "loop.py").read_text())  # the control
 
 
 def test_the_lesson_holds_no_platform_code():

@@ -10,7 +10,7 @@ from test_speculative import N_PATH, PROMPT, TARGET, V, target_law
 
 import picospec
 from picospec import NGramDraft, Sampling
-from picospec.ngram import lookup
+from picospec.beyond.ngram import lookup
 from picospec.tools.cli.show import HTML_COLOURS, coloured_text, decisions, extra_kind
 from picospec.tools.cli.steps import Step
 

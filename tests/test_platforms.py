@@ -97,7 +97,7 @@ def test_the_cli_builds_its_programs_for_the_device_chosen_not_for_the_default_b
     CPU through a stand-in chosen device whose platform is cuda (exporting for it needs no GPU)."""
     with jax.default_device(jax.devices("cpu")[0]):
         assert memory.run_device() == jax.devices("cpu")[0]
-    fn, args = programs.function("picospec.adaptive:own"), (jnp.zeros(3),)
+    fn, args = programs.function("picospec.beyond.adaptive:own"), (jnp.zeros(3),)
     on_cpu = programs.digest(fn, args, {}, ())
     assert programs.exported(fn, args, {}).platforms == ("cpu",)
     monkeypatch.setattr(programs, "run_device", lambda: SimpleNamespace(platform="cuda", device_kind="H100"))

@@ -16,8 +16,8 @@ import pytest
 from test_cli import PAIR, run_cli
 
 from picospec import load_model
+from picospec.beyond.policy import Policy
 from picospec.gpt2 import logits
-from picospec.policy import Policy
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools.cli import executables, options, programs
 
@@ -153,7 +153,7 @@ def test_what_a_program_was_built_from_names_its_file(capsys, cache, monkeypatch
     assert len(files(cache)) == len(built) + 1  # sampled and greedy are compiled apart; 0.7 and 0.9 are not
     run_cli(capsys, *[x if x != "3" else "2" for x in RUN])  # K: a static option
     assert len(files(cache)) == len(built) + 3
-    fn, args = programs.function("picospec.adaptive:own"), (jnp.zeros(3),)
+    fn, args = programs.function("picospec.beyond.adaptive:own"), (jnp.zeros(3),)
     before = programs.digest(fn, args, {}, ())
     monkeypatch.setattr(programs, "source_digest", lambda: "edited")  # any edit to picospec's code
     assert programs.digest(fn, args, {}, ()) != before
@@ -195,6 +195,6 @@ def test_an_executable_called_directly_gives_what_jit_gives():
 
 
 def test_a_file_names_only_picospec_functions():
-    assert programs.function("picospec.adaptive:own").__name__ == "own"
+    assert programs.function("picospec.beyond.adaptive:own").__name__ == "own"
     with pytest.raises(ValueError, match="not a picospec function"):
         programs.function("os:system")

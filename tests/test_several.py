@@ -14,8 +14,9 @@ from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.several import CHAINS
-from picospec.verifiers import RULES
+from picospec.beyond import loop
+from picospec.beyond.several import CHAINS
+from picospec.beyond.verifiers import RULES
 
 
 def rrs_law(chains, x, P, Q, reuse_q=False):
@@ -165,7 +166,7 @@ def test_what_several_drafts_cannot_do_is_refused(kw):
 
 
 def test_theorys_alpha_for_several_drafts_is_the_enumerated_acceptance():
-    from picospec import theory
+    from picospec.beyond import theory
     P, Q = markov_tables(2)
     for N in (1, 2, 3):
         law = several_iteration(N)(rrs_law, 1, 1, P, Q)  # K = 1 after token 1: kept is 0 or 1
@@ -178,10 +179,10 @@ def test_several_drafts_are_one_tree_with_one_cache():
     """N chains run as the tree of N branches: one cache per model, never N copies ([N, H, S, D]),
     and one target call of N K + 1 positions."""
     from picospec.autoregressive import buffers
-    from picospec.several import token_branches
-    from picospec.speculative import ModelDraft, speculative_loop
-    from picospec.tree import TreeDraft, branches
-    from picospec.tree_verify import tree_step
+    from picospec.beyond.loop import ModelDraft, speculative_loop
+    from picospec.beyond.several import token_branches
+    from picospec.beyond.tree import TreeDraft, branches
+    from picospec.beyond.tree_verify import tree_step
     target = random_model(n_layer=1, vocab_size=16, n_positions=64)
     draft = ModelDraft(early_exit(random_model(seed=1, n_layer=2, vocab_size=16, n_positions=64), 1))
     N, K = 3, 2
@@ -193,7 +194,7 @@ def test_several_drafts_are_one_tree_with_one_cache():
     assert "stablehlo.while" in text and copies not in text
     assert f"tensor<{N * K + 1}x{target.config.n_embd}xf32>" in text  # the target's one call: N K + 1 nodes
     # The control: N chains drafted apart (a vmap over their keys) hold N copies of the draft's cache.
-    state = picospec.speculative.start(draft, target, jnp.asarray(tokens), 2, jax.random.key(0), K, prefill_len,
+    state = loop.start(draft, target, jnp.asarray(tokens), 2, jax.random.key(0), K, prefill_len,
                                        max_len)
     apart = jax.jit(lambda state, keys: jax.vmap(lambda key: draft.propose(state, key, K, Sampling(0.8)))(keys))
     assert copies in apart.lower(state, jax.random.split(jax.random.key(1), N)).as_text()

@@ -12,8 +12,8 @@ from stats import FAIL, PASS, chi_square_p
 import picospec
 from picospec import PicospecError, Sampling, speculative
 from picospec.autoregressive import prefill
+from picospec.beyond.verifiers import RULES
 from picospec.sampling import logits_to_probs, sample
-from picospec.verifiers import RULES
 
 V = 6
 N_SAMPLES = 20_000

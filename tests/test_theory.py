@@ -1,9 +1,9 @@
-"""picospec.theory against the statements of Leviathan et al. 2022."""
+"""picospec.beyond.theory against the statements of Leviathan et al. 2022."""
 
 import numpy as np
 import pytest
 
-from picospec import theory
+from picospec.beyond import theory
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9, 0.99])

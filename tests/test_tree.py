@@ -15,11 +15,12 @@ from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_
 from test_verifiers import V, add, markov_tables, markov_target_law, stream_law
 
 import picospec
-from picospec import PicospecError, Sampling, speculative, theory, tree_theory
-from picospec.dynamic import grown
-from picospec.speculative import ModelDraft
-from picospec.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain
-from picospec.tree_verify import tree_step, verify_tree
+from picospec import PicospecError, Sampling
+from picospec.beyond import loop, theory, tree_theory
+from picospec.beyond.dynamic import grown
+from picospec.beyond.loop import ModelDraft
+from picospec.beyond.tree import CHILDREN, Shape, TreeDraft, TreeProposal, branches, chain
+from picospec.beyond.tree_verify import tree_step, verify_tree
 
 SHAPES = {"binary, depth 2": Shape((0, 0, 1, 1, 2, 2)), "3 from the root, depth 2": Shape((0, 0, 0, 1, 2, 3)),
           "2 branches, depth 3": branches(2, 3), "uneven, depth 3": Shape((0, 0, 1, 1, 3)),
@@ -175,7 +176,7 @@ def test_greedy_is_the_targets_greedy_output_for_trees(children):
     key = jax.random.key(1)
     for shape, prompt in ((SHAPES["binary, depth 2"], [3]), (branches(3, 2), [1, 5, 9, 2])):
         greedy = picospec.autoregressive_sample(target, prompt, 30, key, temperature=0)
-        spec, _ = speculative.speculative_sample(TreeDraft(draft, shape, children), target, prompt, 30, key,
+        spec, _ = loop.speculative_sample(TreeDraft(draft, shape, children), target, prompt, 30, key,
                                                  K=shape.M, temperature=0, step=tree_step, verify=verify_tree)
         np.testing.assert_array_equal(spec, greedy, err_msg=f"{shape}, {children}")
 
@@ -317,7 +318,8 @@ def test_the_trace_shows_the_accepted_path_then_the_rejected_child():
 def test_a_chain_shaped_tree_runs_as_a_chain():
     """Theory's tree is often the chain itself: it then runs on speculative.py's step (the same law, less
     machinery), unless its children are the draft's top tokens rather than draws from p."""
-    from picospec.speculative import accept_or_resample, speculative_step
+    from picospec.beyond.loop import speculative_step
+    from picospec.speculative import accept_or_resample
     from picospec.tools.samplers import plug_in
     _, step, verify = plug_in(DRAFT, TARGET, 3, tree=chain(3))
     assert step is speculative_step and verify is accept_or_resample

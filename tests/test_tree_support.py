@@ -18,13 +18,14 @@ from test_tree import SHAPES, SMALL, draws, law_error, tree_law
 from test_verifiers import add, markov_tables, markov_target_law, stream_law
 
 import picospec
-from picospec import PicospecError, Sampling, tree, tree_verify
-from picospec.dynamic import Grown, grown
+from picospec import PicospecError, Sampling
+from picospec.beyond import tree, tree_verify
+from picospec.beyond.dynamic import Grown, grown
+from picospec.beyond.several import chain_nodes, match_branches, token_branches
+from picospec.beyond.tree import CHILDREN, TreeProposal, branches
+from picospec.beyond.tree_verify import verify_tree
+from picospec.beyond.verifiers import RULES
 from picospec.sampling import logits_to_probs
-from picospec.several import chain_nodes, match_branches, token_branches
-from picospec.tree import CHILDREN, TreeProposal, branches
-from picospec.tree_verify import verify_tree
-from picospec.verifiers import RULES
 
 NARROW = {"T = 0": Sampling(0.0), "top-k 2": Sampling(1.0, 2), "top-p 0.5": Sampling(1.0, 0, 0.5),
           "T = 0.01, float32 underflow": Sampling(0.01)}

@@ -13,8 +13,7 @@ from test_speculative import DRAFT, N_PATH, TARGET, speculative_triples, target_
 
 import picospec
 from picospec import PicospecError, Sampling
-from picospec.verifiers import RULES
-from picospec.verifiers import block_residuals
+from picospec.beyond.verifiers import RULES, block_residuals
 
 V = 4
 RESIDUALS = jax.jit(block_residuals)

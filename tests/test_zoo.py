@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import pytest
 import test_speculative as suite
 
-from picospec import speculative, verifiers
+from picospec import speculative
+from picospec.beyond import verifiers
+from picospec.beyond.loop import Verdict
 from picospec.sampling import Sampling, sample
-from picospec.state import Verdict
 from picospec.tools import samplers
 
 ORIGINAL_PROPOSE, ORIGINAL_SAMPLE, ORIGINAL_RULE = speculative.propose, speculative.sample, speculative.accept_or_resample

@@ -7,13 +7,13 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from picospec.dynamic import Grown
+from picospec.beyond.dynamic import Grown
+from picospec.beyond.several import CHAINS
+from picospec.beyond.tree import CHILDREN, Shape
+from picospec.beyond.verifiers import RULES
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.several import CHAINS
-from picospec.tree import CHILDREN, Shape
-from picospec.verifiers import RULES
 
 
 def whole(value) -> bool:
@@ -142,8 +142,8 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
             raise PicospecError(f"a dynamic tree's width W = {shape.W} exceeds the vocabulary; use a narrower one")
         children = "top"
     elif not isinstance(shape, Shape) or shape.M < 1:
-        raise PicospecError("tree must be a picospec.tree.Shape with at least one node, e.g. tree.branches(2, 3), "
-                            "or a picospec.dynamic.Grown")
+        raise PicospecError("tree must be a picospec.beyond.tree.Shape with at least one node, e.g. tree.branches(2, 3), "
+                            "or a picospec.beyond.dynamic.Grown")
     if children not in CHILDREN:
         raise PicospecError(f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
     if not isinstance(draft, Model) or rule != "token" or drafts != 1 or policy is not None:

@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import jax
 
+from picospec.beyond.loop import empty_trace
 from picospec.errors import PicospecError
-from picospec.state import empty_trace
 
 
 def memory_per_row(models, max_len: int, T: int) -> int:

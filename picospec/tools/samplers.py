@@ -10,23 +10,23 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from picospec import autoregressive, gpt2, speculative
-from picospec.adaptive import AdaptiveDraft, adaptive_step
+from picospec import autoregressive, gpt2
 from picospec.autoregressive import buffers
-from picospec.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
-from picospec.dynamic import DynamicDraft, Grown
+from picospec.beyond import loop
+from picospec.beyond.adaptive import AdaptiveDraft, adaptive_step
+from picospec.beyond.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
+from picospec.beyond.dynamic import DynamicDraft, Grown
+from picospec.beyond.loop import ModelDraft, empty_trace, speculative_step
+from picospec.beyond.ngram import NGramDraft
+from picospec.beyond.policy import fixed
+from picospec.beyond.several import branches_rule
+from picospec.beyond.tree import TreeDraft, branches, chain
+from picospec.beyond.tree_verify import tree_step, verify_tree
+from picospec.beyond.verifiers import RULES
 from picospec.gpt2 import Model
-from picospec.ngram import NGramDraft
-from picospec.policy import fixed
-from picospec.several import branches_rule
-from picospec.speculative import ModelDraft, speculative_step
-from picospec.state import empty_trace
 from picospec.tools import checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
-from picospec.tree import TreeDraft, branches, chain
-from picospec.tree_verify import tree_step, verify_tree
-from picospec.verifiers import RULES
 
 
 def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, policy=None, tree=None,
@@ -84,7 +84,7 @@ def stops_at_once(draft, B: int, ask=None) -> bool:
 
 @partial(jax.jit, static_argnames=("R", "K", "eos_id"))
 def stepped_alone(out, R: int, K: int, eos_id: int):
-    """The trace speculative.target_alone records over rows of tokens out [B, n_tokens]: one step a
+    """The trace loop.target_alone records over rows of tokens out [B, n_tokens]: one step a
     token, k = 0, up to a row's first <|endoftext|> when stopping there; room for R iterations of K drafts."""
     B, n = out.shape
     is_eos = out == eos_id
@@ -129,7 +129,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
                                     top_p=top_p, stop_at_eos=stop_at_eos)
         R, eos_id = len(buffers(prompt_tokens, n_tokens, K, target.config)[0]), checks.eos(target, stop_at_eos)
         return out, jax.tree_util.tree_map(lambda x: x[0], stepped_alone(out[None], R, K, eos_id))
-    return speculative.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
+    return loop.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
                                           temperature=sampling.temperature, top_k=sampling.top_k,
                                           top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
 

@@ -2,7 +2,7 @@
 
 JAX's SPMD partitioner does all the work: we only say where each array lives, as a NamedSharding over
 a Mesh with two axes, and `jax.jit` compiles one program per device with the communication inserted.
-No collective is written by hand; the samplers in picospec/batch.py are unchanged.
+No collective is written by hand; the samplers in picospec/beyond/batch.py are unchanged.
 
   "data"   data parallel: rows (token buffers, prompt lengths, keys) are split; weights are copied.
   "model"  tensor parallel (Megatron-LM's split of a block): c_attn and c_fc are split by output

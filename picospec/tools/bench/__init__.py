@@ -23,10 +23,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from picospec import theory
 from picospec.autoregressive import buffers
+from picospec.beyond import theory
+from picospec.beyond.ngram import NGramDraft
 from picospec.gpt2 import Model
-from picospec.ngram import NGramDraft
 from picospec.tools.bench.batch import batch_report
 from picospec.tools.bench.gpt2_shapes import resolve
 from picospec.tools.bench.reference import torch_device, transformers_assisted, transformers_decode

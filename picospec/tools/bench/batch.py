@@ -12,7 +12,7 @@ batch itself, and v_B(K) (and so the iteration's cost) rises towards K + 1.
 import jax
 import jax.numpy as jnp
 
-from picospec import theory
+from picospec.beyond import theory
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.tools.bench.timing import race
 from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch

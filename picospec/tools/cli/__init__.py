@@ -14,9 +14,9 @@ from pathlib import Path
 
 import jax
 
-from picospec.dynamic import Grown
+from picospec.beyond.dynamic import Grown
+from picospec.beyond.ngram import NGramDraft
 from picospec.errors import PicospecError
-from picospec.ngram import NGramDraft
 from picospec.tools import checks
 from picospec.tools.checkpoints.weights import (
     check_tokenizer,

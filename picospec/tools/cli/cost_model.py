@@ -18,7 +18,7 @@ than it is once the spell has passed. A run checks the kept timing against its o
 
 import numpy as np
 
-from picospec.score_first import score_sizes
+from picospec.beyond.score_first import score_sizes
 
 
 def blocks(K: int) -> list[int]:

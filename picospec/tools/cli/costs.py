@@ -1,4 +1,4 @@
-"""The costs `--K auto` weighs (picospec/policy.py): the time of one speculative iteration that
+"""The costs `--K auto` weighs (picospec/beyond/policy.py): the time of one speculative iteration that
 drafts k tokens, for k = 0..K_max (k = 0: the target steps alone), for a batch of B rows, and of the
 draft's prefill (what a first look at alpha pays beyond its iteration; a policy that stops at once skips it).
 
@@ -11,7 +11,7 @@ sooner, so v(k) climbs with B and k = 0 wins more often.
 
 They are timed in place: auto's own compiled iteration (adaptive_step with the policy), with k
 forced, run over and over from one state; for k = 0 the iteration the loop runs once the draft has
-stopped for good (speculative.target_alone). The theory's k c + v(k) counts forward calls only; in
+stopped for good (loop.target_alone). The theory's k c + v(k) counts forward calls only; in
 place, the sampling, the verifier and the bookkeeping count too (on the bundled pair a draft step
 costs ~0.3 of a target call in place, against ~0.22 for its forward call alone), and so does every
 block size of score_first. So the Policy gets c = 0 and v(k) = that iteration's time.
@@ -31,19 +31,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec import adaptive
-from picospec.batch import ROWS, in_batch
+from picospec.beyond import adaptive
+from picospec.beyond.batch import ROWS, in_batch
+from picospec.beyond.loop import start, target_alone
+from picospec.beyond.policy import Policy
+from picospec.beyond.score_first import score_sizes
+from picospec.beyond.verifiers import accept_or_resample
 from picospec.gpt2 import Model
-from picospec.policy import Policy
 from picospec.sampling import Sampling
-from picospec.score_first import score_sizes
-from picospec.speculative import start, target_alone
 from picospec.tools.cli.cost_model import never_less, per_block, settled, worth_timing
 from picospec.tools.cli.jit_cache import remembered
 from picospec.tools.cli.programs import source_digest
 from picospec.tools.memory import run_device
 from picospec.tools.samplers import plug_in
-from picospec.verifiers import accept_or_resample
 
 
 def describe(model) -> str:

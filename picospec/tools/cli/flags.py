@@ -2,11 +2,11 @@
 
 import argparse
 
+from picospec.beyond.tree import CHILDREN
+from picospec.beyond.verifiers import RULES
 from picospec.errors import PicospecError
 from picospec.tools.checkpoints.weights import DTYPES
 from picospec.tools.cli.options import AUTO_K_MAX, k_value
-from picospec.tree import CHILDREN
-from picospec.verifiers import RULES
 
 DESCRIPTION = "speculative sampling on GPT-2 (124M drafting for 1558M), streamed and coloured."
 

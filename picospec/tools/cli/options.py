@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec import tree_theory
-from picospec.batch import batch_buffers
-from picospec.dynamic import Grown, calibration, grown
+from picospec.beyond import tree_theory
+from picospec.beyond.batch import batch_buffers
+from picospec.beyond.dynamic import Grown, calibration, grown
+from picospec.beyond.policy import ALIKE, Policy, fixed
+from picospec.beyond.tree import Shape
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model, logits
-from picospec.policy import ALIKE, Policy, fixed
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli import typical
@@ -22,7 +23,6 @@ from picospec.tools.cli.cost_model import SAME_STATE, off_by
 from picospec.tools.cli.costs import auto_policy, kept_as
 from picospec.tools.cli.jit_cache import forget, is_kept
 from picospec.tools.cli.programs import compiled
-from picospec.tree import Shape
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
 

@@ -7,6 +7,7 @@ One row per iteration (target call), one column per draft position d_0..d_{K-1},
   resample   yellow    the target's token after a rejection, from norm(max(0, q - p))
   bonus      blue      the target's token after all drafts were kept
   target     white     nothing was proposed (the n-gram draft found nothing): a plain target step
+  cut        hatched   accepted, or the extra token, but past --n-tokens (or after <|endoftext|>): not kept
 Each judged draft has a small bar under its token: its length is what the uniform u is compared
 with (min(1, q/p) for the token rule, the stop chance h for block verification), and a black tick
 marks u: the draft is kept when the tick lies left of the bar's end (the token rule); the match
@@ -19,7 +20,10 @@ import io
 from picospec.tools.cli.steps import Step, extra_kind
 
 COLOURS = {"accepted": "#7fd17a", "rejected": "#f08a8a", "dropped": "#dddddd", "resample": "#f5d76e",
-           "bonus": "#86b6f0", "target": "#ffffff"}
+           "bonus": "#86b6f0", "target": "#ffffff", "cut": "#f2f2f2"}
+LABELS = {"cut": "cut by --n-tokens"}
+HATCH, HATCH_COLOUR = "////", "#b0b0b0"
+COMPACT = {"handlelength": 1.2, "handletextpad": 0.4, "columnspacing": 1.0, "labelspacing": 0.2, "borderaxespad": 0.2}
 DPI = 100
 CELL_WIDTH, ROW_HEIGHT, MARGIN_WIDTH, MARGIN_HEIGHT = 0.95, 0.32, 1.6, 1.45  # inches
 
@@ -31,8 +35,14 @@ def figure_size(n_iterations: int, K: int) -> tuple[float, float]:
 
 def verdicts(step: Step) -> list[str]:
     """One verdict per drafted token: accepted, then rejected at the first miss, then dropped."""
-    a = step.accepted
-    return ["accepted"] * a + (["rejected"] + ["dropped"] * (len(step.drafted) - a - 1) if a < len(step.drafted) else [])
+    a, k = step.accepted, len(step.drafted)
+    return ["accepted"] * a + (["rejected"] + ["dropped"] * (k - a - 1) if a < k else [])
+
+
+def is_cut(step: Step) -> bool:
+    """Whether the step's tokens were cut short (at n_tokens, or after <|endoftext|>): then the extra
+    token, and the accepted drafts from the first not kept on, are not in the generation."""
+    return len(step.tokens) <= step.accepted
 
 
 def label(tokenizer, token: int) -> str:  # a token as short, printable text
@@ -49,14 +59,17 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
     figure = Figure(figsize=(width, height), dpi=DPI)
     ax = figure.add_axes((0.55 / width, 0.4 / height, 1 - 1.6 / width, 1 - 1.45 / height))  # margins in inches
     for row, step in enumerate(steps):
-        cells = list(zip(range(K), step.drafted, verdicts(step)))
-        kind = extra_kind(step)
-        extra = step.tokens[-1] if len(step.tokens) > step.accepted else None  # None: cut at n_tokens
-        for column, token, verdict in cells + [(K, extra, kind)]:
+        kept = len(step.tokens)  # accepted drafts from position `kept` on were cut
+        cells = [(i, d, "cut" if v == "accepted" and i >= kept else v)
+                 for i, d, v in zip(range(K), step.drafted, verdicts(step))]
+        extra = None if is_cut(step) else step.tokens[-1]
+        for column, token, verdict in cells + [(K, extra, "cut" if is_cut(step) else extra_kind(step))]:
             ax.add_patch(Rectangle((column, row), 1, 1, facecolor=COLOURS[verdict], edgecolor="white", lw=1.5))
+            if verdict == "cut":  # the hatch over the cell, in its own colour (the cell's edge is white)
+                ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch=HATCH, edgecolor=HATCH_COLOUR, lw=0))
             if token is not None:
                 ax.text(column + 0.5, row + 0.42, label(tokenizer, token), ha="center", va="center", fontsize=8,
-                        family="monospace", color="#555555" if verdict == "dropped" else "black")
+                        family="monospace", color="#555555" if verdict in ("dropped", "cut") else "black")
         for i, verdict in enumerate(verdicts(step)):  # what u was compared with, and u
             bar = step.h[i] if step.h else (min(1.0, step.q[i] / step.p[i]) if step.p[i] > 0 else 0.0)
             if verdict != "dropped" and step.u and any(step.u):
@@ -76,9 +89,15 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    kinds = [k for k in COLOURS if k != "target" or any(not s.proposed for s in steps)]
-    figure.legend(handles=[Patch(facecolor=COLOURS[k], edgecolor="#999999", label=k) for k in kinds],
-                  loc="lower center", ncol=len(kinds), fontsize=8, frameon=False)
+    shown = {"target": any(not s.proposed for s in steps), "cut": any(map(is_cut, steps))}
+    kinds = [k for k in COLOURS if shown.get(k, True)]
+    handles = [Patch(facecolor=COLOURS[k], edgecolor="#999999", hatch=HATCH if k == "cut" else None,
+                     label=LABELS.get(k, k)) for k in kinds]
+    for ncol, spacing in ((len(kinds), {}), (len(kinds), COMPACT), (-(-len(kinds) // 2), COMPACT)):
+        legend = figure.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False, **spacing)
+        if legend.get_window_extent().width <= figure.bbox.width - 0.6 * DPI or ncol < len(kinds):
+            break
+        legend.remove()  # over the y label or wider than the figure: closer together, then in two rows
     figure.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     return figure
 

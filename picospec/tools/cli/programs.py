@@ -31,19 +31,19 @@ import jaxlib
 from jax import export
 
 import picospec
-from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import DecodeState
-from picospec.dynamic import DynamicDraft, Grown
+from picospec.beyond.adaptive import AdaptiveDraft
+from picospec.beyond.dynamic import DynamicDraft, Grown
+from picospec.beyond.loop import ModelDraft, Trace
+from picospec.beyond.ngram import NGramDraft
+from picospec.beyond.policy import Policy
+from picospec.beyond.tree import Shape, TreeDraft
 from picospec.gpt2 import GPT2Config, KVCache, Model
-from picospec.ngram import NGramDraft
-from picospec.policy import Policy
 from picospec.sampling import Sampling
-from picospec.speculative import ModelDraft
-from picospec.state import SpecState, Trace
+from picospec.state import SpecState
 from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember, saved
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tools.memory import run_device
-from picospec.tree import Shape, TreeDraft
 
 
 def name(fn) -> str:  # a function as the digest and the files spell it

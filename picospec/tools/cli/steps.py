@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import jax
 
-from picospec.state import Trace
+from picospec.beyond.loop import Trace
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 One path for one prompt or many: the state is batched (one prompt is a batch of one), and every
 iteration steps all rows with the very step functions that `speculative_sample` and
-`autoregressive_sample` loop over, vmapped as picospec.batch vmaps them, keeping what the finished
+`autoregressive_sample` loop over, vmapped as picospec.beyond.batch vmaps them, keeping what the finished
 rows produced. Each row's tokens are therefore exactly those of the single-prompt samplers. The
 programs are compiled ahead of time, so that compile time is measured apart, and one small read per
 iteration comes back to the host.
@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step
-from picospec.batch import batch_buffers, batch_drafting, batch_start, batch_step, in_batch, unfinished
+from picospec.beyond.adaptive import AdaptiveDraft
+from picospec.beyond.batch import batch_buffers, batch_drafting, batch_start, batch_step, in_batch, unfinished
+from picospec.beyond.loop import target_alone
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.speculative import target_alone
 from picospec.tools import checks
 from picospec.tools.cli.costs import warm
 from picospec.tools.cli.executables import settle

@@ -21,8 +21,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from picospec.beyond.loop import Proposal
 from picospec.gpt2 import KVCache
-from picospec.state import Proposal
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["max_n", "vocab_size"])

@@ -23,8 +23,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from picospec.score_first import own
-from picospec.state import Trace
+from picospec.beyond.loop import Trace
+from picospec.beyond.score_first import own
 
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen whatever a look
 # would tell; before, once no look pays (worth_a_look) or drafting is hopeless

@@ -4,7 +4,7 @@ An AdaptiveDraft wraps any draft; two rules decide k, both inside the compiled l
   theory      before drafting, the policy's k in 0..K (policy.py): the most expected tokens per unit of
               time, k = 0 not drafting at all. Nothing is judged after k = 0, so the choice stays: the
               draft has stopped for good (`stopped`), and the loop goes on with the target alone, one
-              autoregressive step an iteration (speculative.target_alone);
+              autoregressive step an iteration (loop.target_alone);
   confidence  while drafting, stop after a token the draft itself gave probability < threshold
               (SpecDec++, Huang et al. 2024, with a fixed threshold in place of its trained head;
               Hugging Face's `assistant_confidence_threshold`).
@@ -23,12 +23,12 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from picospec.beyond.loop import ModelDraft, Proposal, Trace, Verdict, speculative_step
+from picospec.beyond.policy import Policy, choose_k, evidence
+from picospec.beyond.score_first import own, score_first
 from picospec.gpt2 import KVCache, Model, forward
-from picospec.policy import Policy, choose_k, evidence
 from picospec.sampling import Sampling, logits_to_probs, sample
-from picospec.score_first import own, score_first
-from picospec.speculative import ModelDraft, catch_up, speculative_step
-from picospec.state import Proposal, Trace, Verdict
+from picospec.speculative import catch_up
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["draft", "policy"], meta_fields=["agree", "pool"])
@@ -126,7 +126,7 @@ def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy:
         extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
     either = lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone)  # noqa: E731
     verdict = jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
-    return verdict._replace(beta=jnp.minimum(p, q[:-1]).sum(-1))  # [K]: zero past the last proposed
+    return Verdict(**verdict._asdict())._replace(beta=jnp.minimum(p, q[:-1]).sum(-1))  # [K]: zero past the last proposed
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):

@@ -18,9 +18,9 @@ law is exactly q's; they differ in how many drafts they keep, and in expectation
 import jax
 import jax.numpy as jnp
 
+from picospec.beyond.loop import Verdict
 from picospec.sampling import sample
 from picospec.speculative import accept_or_resample, at, residual
-from picospec.state import Verdict
 
 
 def match_rule(key_accept, key_extra, drafted, p, q, greedy: bool = False) -> Verdict:

@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.beyond.tree import TreeProposal, feed
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.speculative import catch_up
-from picospec.tree import TreeProposal, feed
 
 
 class Grown(NamedTuple):

@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.adaptive import AdaptiveDraft
 from picospec.autoregressive import autoregressive_start, autoregressive_step, buffers, generated
-from picospec.speculative import accept_or_resample, drafting, speculative_step, start, target_alone
+from picospec.beyond.adaptive import AdaptiveDraft
+from picospec.beyond.loop import drafting, speculative_step, start, target_alone
+from picospec.speculative import accept_or_resample
 
 
 def batch_buffers(prompts, n_tokens: int, lookahead: int, config) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -94,7 +95,7 @@ def batch_loop(step, state, n_end, going=lambda s: True):
 
 
 def batch_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
-    """speculative.start for every row, the rows deciding together (whether the draft runs at all)."""
+    """loop.start for every row, the rows deciding together (whether the draft runs at all)."""
     row = lambda x, n, key: start(in_batch(draft), target, x, n, key, K, prefill_len, max_len)  # noqa: E731
     return jax.vmap(row, axis_name=ROWS)(tokens, n_prompt, keys)
 

@@ -5,7 +5,7 @@
      rejection r <- norm(max(0, r - g_c)), the residual. An accepted child becomes the node; when
      every child is rejected the extra token comes from r; at a leaf, the bonus from q_j;
   4. the accepted path's keys and values move to consecutive cache slots (one gather), the rest is
-     left beyond the length, and the loop goes on as after a chain (speculative.advance).
+     left beyond the length, and the loop goes on as after a chain (loop.advance).
 
 Why it is lossless: every trial is speculative.py's one-position step against the current r, so
 the token leaving node j follows q_j, provided g_c is the law child c really was drawn from given what
@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.beyond.loop import Proposal, Verdict, advance
+from picospec.beyond.tree import Shape, TreeDraft, TreeProposal, feed
 from picospec.gpt2 import KVCache, Model
 from picospec.sampling import Sampling, logits_to_probs, sample
-from picospec.speculative import advance, residual
-from picospec.state import Proposal, Verdict
-from picospec.tree import Shape, TreeDraft, TreeProposal, feed
+from picospec.speculative import residual
 
 
 def trial_law(children: str, law, token, tried):  # g_c [V]: the law child `token` was drawn from

@@ -10,10 +10,9 @@ after them (`append`): a branch that wrote the cache would make XLA copy every c
 import jax
 import jax.numpy as jnp
 
+from picospec.beyond.loop import Proposal
 from picospec.gpt2 import KVCache, Model, precision, transformer
-from picospec.sampling import Sampling
-from picospec.speculative import score
-from picospec.state import Proposal
+from picospec.sampling import Sampling, logits_to_probs
 
 
 def own(k):  # one sequence: its own k (batch.py swaps in the largest k over the rows stepped together)
@@ -67,8 +66,9 @@ def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sa
 
     def first(size):  # x[n-1], d_0..d_{size-2}: the drafts past k are padding, after every real one
         def run(cache):
-            q, (keys, values) = score(target, tokens, n, proposal._replace(drafted=proposal.drafted[:size - 1]),
-                                      cache, sampling, forward=peek)  # [size, V], n_layer x [H, size, D]
+            scored = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), proposal.drafted[:size - 1]])
+            logits, (keys, values) = peek(target, scored, cache)  # [size, V], n_layer x [H, size, D]
+            q = logits_to_probs(logits, sampling)
             pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - size), (0, 0)))  # noqa: E731  [H, K+1, D]
             return jnp.pad(q, ((0, K + 1 - size), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
         return run

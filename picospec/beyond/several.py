@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.beyond.loop import Verdict
+from picospec.beyond.tree import Shape
+from picospec.beyond.tree_verify import verify_tree
+from picospec.beyond.verifiers import match_rule
 from picospec.sampling import sample
 from picospec.speculative import accept_or_resample, at, residual
-from picospec.state import Verdict
-from picospec.tree import Shape
-from picospec.tree_verify import verify_tree
-from picospec.verifiers import match_rule
 
 
 def token_chains(key_accept, key_extra, drafted, p, q, greedy: bool = False):

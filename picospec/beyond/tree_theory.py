@@ -10,7 +10,7 @@ p_i from the draft's and target's laws for each way of choosing children. Notati
 
 import numpy as np
 
-from picospec.theory import alpha_several
+from picospec.beyond.theory import alpha_several
 
 
 def rank_acceptance(alpha: float, width: int) -> np.ndarray:

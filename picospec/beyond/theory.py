@@ -102,7 +102,7 @@ def lenient_output_law(p, q, l: float) -> np.ndarray:
     return accepted + (1 - accepted.sum()) * residual
 
 
-# ---- Several drafts (picospec/several.py) ----
+# ---- Several drafts (picospec/beyond/several.py) ----
 
 
 def alpha_several(p, q, N: int) -> float:
