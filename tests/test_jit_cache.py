@@ -31,8 +31,7 @@ def test_a_second_run_of_the_same_command_compiles_nothing(tmp_path):
 
     text_cold, entries_cold = run()
     assert sum(name.endswith(".jaxexport") for name in entries_cold) == 2  # the start and the iteration, exported
-    assert sum(name.endswith(".xla") for name in entries_cold) == 2  # and compiled, kept as executables
-    assert not any(name.startswith("jit_call") for name in entries_cold)  # not twice, in JAX's own cache too
+    assert sum(name.startswith("jit_call") for name in entries_cold) >= 2  # and compiled, kept in JAX's cache
     text_warm, entries_warm = run()
     assert entries_warm == entries_cold  # nothing new was traced or compiled, so nothing new was stored
     assert os.listdir(tmp_path) == ["jit"]  # and nothing lands outside the folder the user named

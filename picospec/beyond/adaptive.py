@@ -126,7 +126,8 @@ def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy:
         extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
     either = lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone)  # noqa: E731
     verdict = jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
-    return Verdict(**verdict._asdict())._replace(beta=jnp.minimum(p, q[:-1]).sum(-1))  # [K]: zero past the last proposed
+    beta = jnp.minimum(p, q[:-1]).sum(-1)  # [K]: zero past the last proposed
+    return Verdict(**verdict._asdict())._replace(beta=beta)  # a rule of Part I's gives Part I's Verdict
 
 
 def adaptive_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int, verify):

@@ -142,8 +142,8 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
             raise PicospecError(f"a dynamic tree's width W = {shape.W} exceeds the vocabulary; use a narrower one")
         children = "top"
     elif not isinstance(shape, Shape) or shape.M < 1:
-        raise PicospecError("tree must be a picospec.beyond.tree.Shape with at least one node, e.g. tree.branches(2, 3), "
-                            "or a picospec.beyond.dynamic.Grown")
+        raise PicospecError("tree must be a picospec.beyond.tree.Shape with at least one node, e.g. "
+                            "tree.branches(2, 3), or a picospec.beyond.dynamic.Grown")
     if children not in CHILDREN:
         raise PicospecError(f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
     if not isinstance(draft, Model) or rule != "token" or drafts != 1 or policy is not None:

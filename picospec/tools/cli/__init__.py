@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
-        start_loading(command(args))  # and finds what it runs already loaded
+        start_loading(command(args))  # and finds what it runs compiled already
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)

@@ -189,6 +189,11 @@ def auto_policy(draft, target: Model, K_max: int, capacity: int, sampling: Sampl
     """The Policy for `--K auto` on B rows: this machine's iteration times (c = 0, v(k) = an iteration
     drafting k, k = 0..K_max, in milliseconds; streamed: as the CLI runs it), the draft's prefill, and the
     confidence threshold."""
-    seconds = costs(draft, target, K_max, capacity, sampling, B, streamed)
-    return Policy(jnp.float32(0), jnp.float32(np.asarray(seconds["v"]) * 1e3), jnp.float32(threshold),
-                  prefill=jnp.float32(seconds["prefill"] * 1e3))
+    timed = min(B, TIMED_ROWS)
+    seconds = costs(draft, target, K_max, capacity, sampling, timed, streamed)
+    scale = 1e3 * B / timed  # milliseconds, and a larger batch's share of the rows timed
+    return Policy(jnp.float32(0), jnp.float32(np.asarray(seconds["v"]) * scale), jnp.float32(threshold),
+                  prefill=jnp.float32(seconds["prefill"] * scale))
+
+
+TIMED_ROWS = 64  # a larger batch is timed at this many rows, its costs scaled by its rows (compute-bound there)

@@ -20,7 +20,7 @@ from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
 from picospec.tools.cli import typical
 from picospec.tools.cli.cost_model import SAME_STATE, off_by
-from picospec.tools.cli.costs import auto_policy, kept_as
+from picospec.tools.cli.costs import TIMED_ROWS, auto_policy, kept_as
 from picospec.tools.cli.jit_cache import forget, is_kept
 from picospec.tools.cli.programs import compiled
 
@@ -47,26 +47,40 @@ def K_max(args) -> int:  # the loop's lookahead
 
 def prompt_laws(draft, target, prompts, p_sampling: Sampling, q_sampling: Sampling, least: int = 4):
     """(p, q) [positions, V]: the draft's and the target's laws at every position of the prompts (one
-    forward call of each model a prompt), what the CLI measures acceptance from before it generates;
+    forward pass of each model a prompt), what the CLI measures acceptance from before it generates;
     (None, None) with fewer than `least` positions, or a draft that is not a model."""
-    if not isinstance(draft, Model):
+    if not isinstance(draft, Model) or sum(len(prompt) for prompt in prompts) < least:
         return None, None
-    laws = [[law(model, prompt, how) for model, how in ((draft, p_sampling), (target, q_sampling))]
-            for prompt in prompts]
-    if sum(len(p) for p, _ in laws) < least:
-        return None, None
-    return tuple(np.concatenate(side) for side in zip(*laws))
+    return tuple(np.concatenate(law(model, prompts, how)) for model, how in ((draft, p_sampling),
+                                                                                (target, q_sampling)))
 
 
-def law(model: Model, prompt, sampling: Sampling) -> np.ndarray:
-    """[len(prompt), V]: the model's law after each of the prompt's tokens, from a saved program
-    (programs.py: a repeated run traces nothing) for the prompt padded to a power of two; causal
-    attention leaves the rows of its own tokens as they are."""
-    L = min(max(8, 1 << (len(prompt) - 1).bit_length()), model.config.n_positions)
-    padded = np.zeros(L, np.int32)
-    padded[:len(prompt)] = prompt
-    padded = jax.device_put(padded)  # as it is: a saved executable takes device arrays
-    return np.asarray(compiled(laws, (model, padded, sampling), {})(model, padded, sampling))[:len(prompt)]
+CHUNK = 64  # prompts a call at most: [64, L, V] at a time
+
+
+def law(model: Model, prompts, sampling: Sampling) -> list[np.ndarray]:
+    """[len(prompt), V] for each prompt: the model's law after each of its tokens, from a saved program
+    (programs.py: a repeated run traces nothing) that runs the prompts of one padded length (a power of
+    two; causal attention leaves the rows of a prompt's own tokens as they are) one after another in one
+    call, CHUNK at most, each exactly as a call of its own would."""
+    out = [None] * len(prompts)
+    by_length = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(min(max(8, 1 << (len(prompt) - 1).bit_length()), model.config.n_positions), []).append(i)
+    for L, rows in by_length.items():
+        for first in range(0, len(rows), CHUNK):
+            chunk = rows[first:first + CHUNK]
+            padded = np.zeros((min(CHUNK, 1 << (len(chunk) - 1).bit_length()), L), np.int32)  # [N, L]
+            for row, i in enumerate(chunk):
+                padded[row, :len(prompts[i])] = prompts[i]
+            laws_of = np.asarray(compiled(each_laws, (model, padded, sampling), {})(model, padded, sampling))
+            for row, i in enumerate(chunk):
+                out[i] = laws_of[row, :len(prompts[i])]
+    return out
+
+
+def each_laws(model: Model, tokens, sampling: Sampling):  # int32 [N, L] -> [N, L, V], row by row
+    return jax.lax.map(lambda row: laws(model, row, sampling), tokens)
 
 
 def laws(model: Model, tokens, sampling: Sampling):  # int32 [L] -> [L, V]
@@ -105,7 +119,7 @@ def make_policy(args, draft, target, prompts):
     a fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
         capacity, sampling = auto_sizes(args, target, prompts)
-        if not is_kept(kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
+        if not is_kept(kept_as(draft, target, AUTO_K_MAX, capacity, sampling, min(len(prompts), TIMED_ROWS), True)):
             print("picospec: note: --K auto first times this machine's iterations (once for this pair, batch "
                   "size and sampling; about a minute on the bundled pair)", file=sys.stderr, flush=True)
         policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
@@ -133,7 +147,7 @@ def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
                  np.asarray(policy.v) / 1e3)
     capacity, sampling = auto_sizes(args, target, prompts)
     if 1 / SAME_STATE <= off <= SAME_STATE or not forget(
-            kept_as(draft, target, AUTO_K_MAX, capacity, sampling, len(prompts), True)):
+            kept_as(draft, target, AUTO_K_MAX, capacity, sampling, min(len(prompts), TIMED_ROWS), True)):
         return None
     return (f"this run's iterations took {off:.2g}x the time --K auto's kept costs give: they were timed in "
             "another state of this machine (a slow spell, another busy program), and will be timed again next run")
@@ -145,17 +159,22 @@ def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> 
     but each prompt's first, whose context is one token. There both models' laws are their flattest,
     and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24 held-out
     verses, against 71-92% at every later position), while every draft the loop judges follows a
-    whole prompt. A draft that is not a model: no prior."""
+    whole prompt. A batch of more than PRIOR_PROMPTS prompts is judged by its first PRIOR_PROMPTS, their
+    evidence counted for all. A draft that is not a model: no prior."""
     if not isinstance(draft, Model):
         return policy
     alpha = typical.alpha(draft, target, sampling)
     evidence = ALIKE * np.float32([alpha, 1 - alpha])  # (successes, failures)
-    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in prompts])  # [positions]: all but the first
+    judged = prompts[:PRIOR_PROMPTS]
+    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in judged])  # [positions]: all but the first
     if later.any():
-        p, q = prompt_laws(draft, target, prompts, sampling, sampling, least=1)
+        p, q = prompt_laws(draft, target, judged, sampling, sampling, least=1)
         beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
-        evidence += [beta.sum(), (1 - beta).sum()]
+        evidence += np.float32([beta.sum(), (1 - beta).sum()]) * (len(prompts) / len(judged))
     return dataclasses.replace(policy, prior=jnp.float32(evidence) / len(prompts))
+
+
+PRIOR_PROMPTS = 256  # the prompts whose positions the prior reads (two forward passes each)
 
 
 def k_used(steps) -> dict:

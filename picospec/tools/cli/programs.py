@@ -7,13 +7,18 @@ exports `fn` (jax.export: StableHLO in a flatbuffer; nothing is pickled) into a 
 digest of everything the program was traced from: the function's name, the arguments' tree (with the
 static parts of every node, such as the model's config), their shapes and dtypes, the static options,
 the donated arguments, picospec's own source files, the jax and jaxlib versions and the device. A later
-run that finds the file deserializes it: no tracing. The compiled program is kept too, next to its
-export (executables.py): a run that finds both neither traces nor compiles.
+run that finds the file deserializes it, no tracing, and compiles it, which JAX's persistent cache
+answers with the code it kept. Within a process each program is built once (a batch's prompts share one).
+
+That compile still lowers the program and loads XLA's code (~0.8 s a repeated run on the bundled pair),
+and a run asks for it only once it has read the models. So the CLI starts it as it begins, in a thread of
+its own for each program the last run of the same command used (`start_loading`; programs/last-run holds
+their names, by the command's flags less the prompts, the seed and the output's form), and a run waits for
+them before its clock starts (`settle`): a repeated command finds its programs compiled.
 
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
 is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
-KB to a few MB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off: then a process
-keeps the last few programs it built in memory, for a later run in the same process (a notebook's).
+KB to a few MB each); deleting them is always safe. PICOSPEC_JIT_CACHE=off turns both off.
 """
 
 import dataclasses
@@ -21,8 +26,11 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import sys
+import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -41,7 +49,6 @@ from picospec.beyond.tree import Shape, TreeDraft
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling
 from picospec.state import SpecState
-from picospec.tools.cli.executables import fresh_compile, load_early, load_executable, remember, saved
 from picospec.tools.cli.jit_cache import cache_folder
 from picospec.tools.memory import run_device
 
@@ -118,48 +125,50 @@ def digest(fn, args, static: dict, donate) -> str:
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
-BUILT_HERE: OrderedDict = OrderedDict()  # with no cache folder: this process's programs by digest, newest last
+BUILT_HERE: OrderedDict = OrderedDict()  # this process's programs by (cache folder, digest), newest last
 KEPT_HERE = 8  # a run uses two to four; each compiled program holds its own memory
 
 
 def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
-    """fn(*args, **static) compiled: the executable an earlier run saved, or compiled now from the exported
-    program an earlier run saved, or traced, exported and compiled now (each saved for the next run).
-    donate: the positions of arguments whose buffers it may reuse."""
-    folder, name = cache_folder(), digest(fn, args, static, donate)
+    """fn(*args, **static) compiled: from the exported program an earlier run saved, or traced and exported
+    now (and saved for the next run); once a process. donate: the positions of arguments whose buffers it
+    may reuse."""
+    name = digest(fn, args, static, donate)
+    remember(name, donate)
+    early, kept = loading.pop(name, None), (cache_folder(), name)  # another folder: as another process
+    if early is not None and early.exception() is None:
+        BUILT_HERE[kept] = early.result()
+    if kept not in BUILT_HERE:
+        BUILT_HERE[kept] = compile_exported(saved(name, fn, args, static), donate)
+        while len(BUILT_HERE) > KEPT_HERE:
+            BUILT_HERE.popitem(last=False)
+    BUILT_HERE.move_to_end(kept)
+    return BUILT_HERE[kept]
+
+
+def compile_exported(program: export.Exported, donate) -> jax.stages.Compiled:
+    """The exported program compiled for arguments of its own shapes: the same lowering whether the
+    arguments are at hand or not (start_loading), so that JAX's persistent cache finds it either way."""
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in program.in_avals]
+    args, _ = jax.tree_util.tree_unflatten(program.in_tree, avals)
+    return jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
+
+
+def saved(name: str, fn, args: tuple, static: dict) -> export.Exported:
+    """The exported program in programs/name.jaxexport, written there first if an earlier run did not."""
+    folder = cache_folder()
     if folder is None:
-        return built_here(name, fn, args, static, donate)
+        return exported(fn, args, static)
     path = folder / "programs" / f"{name}.jaxexport"
-    remember(path.parent, name)
     program = read(path, export.deserialize)
-    if program is not None:
-        executable = read(path.with_suffix(".xla"), partial(load_executable, name=name, program=program, args=args))
-        if executable is not None:
-            return executable
     if program is None:
         program = exported(fn, args, static)
         write(path, program.serialize())
-    with fresh_compile():  # one JAX's persistent cache loaded would serialize without its kernels (jaxlib 0.10)
-        program_compiled = jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
-    try:
-        write(path.with_suffix(".xla"), saved(name, program_compiled))
-    except Exception:  # noqa: BLE001 a platform that cannot serialize it: compile it from the export each run
-        pass
-    return program_compiled
+    return program
 
 
 def exported(fn, args: tuple, static: dict) -> export.Exported:  # traced and lowered: the part a saved program skips
     return export.export(jax.jit(partial(fn, **static)), platforms=[run_device().platform])(*args)
-
-
-def built_here(name: str, fn, args: tuple, static: dict, donate):
-    """compiled(...) with nothing on disk: exported and compiled now, or as this process did already."""
-    if name not in BUILT_HERE:
-        BUILT_HERE[name] = jax.jit(exported(fn, args, static).call, donate_argnums=donate).lower(*args).compile()
-        while len(BUILT_HERE) > KEPT_HERE:
-            BUILT_HERE.popitem(last=False)
-    BUILT_HERE.move_to_end(name)
-    return BUILT_HERE[name]
 
 
 def read(path, load):
@@ -181,8 +190,57 @@ def write(path, data: bytes):
         pass  # a read-only cache folder: build it again next time
 
 
-def start_loading(command: str):
-    """Begin loading, in the background, the executables the last run of `command` used (executables.load_early)."""
+loading: dict[str, Future] = {}  # name -> its program, compiling early
+used: list = []  # [name, donated] of the programs this process asked for, in order
+COMMANDS = 8  # the commands last-run keeps, the newest last
+command = ""  # this run's key in last-run (start_loading)
+
+
+def last_runs(folder: Path) -> dict:
+    """{command: [[name, donated], ...]} from folder/last-run ({} if none or unreadable)."""
+    try:
+        runs = json.loads((folder / "last-run").read_text())
+        return {key: [(name, tuple(donate)) for name, donate in entries if re.fullmatch("[0-9a-f]{32}", name)]
+                for key, entries in runs.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def remember(name: str, donate):
+    """Name the program in programs/last-run under this run's command, for its next run to load early."""
     folder = cache_folder()
-    if folder:
-        load_early(folder / "programs", command)
+    if folder is None or [name, list(donate)] in used:
+        return
+    used.append([name, list(donate)])
+    runs = {key: [[name, list(donate)] for name, donate in entries]
+            for key, entries in last_runs(folder / "programs").items()}
+    runs.pop(command, None)
+    runs[command] = used[-8:]
+    write(folder / "programs" / "last-run", json.dumps(dict(list(runs.items())[-COMMANDS:]), indent=1).encode())
+
+
+def load(path: Path, donate) -> jax.stages.Compiled:  # the exported program at path, compiled
+    return compile_exported(export.deserialize(bytearray(path.read_bytes())), donate)
+
+
+def start_loading(key: str):
+    """Start compiling the programs the last run of command `key` used, each in a background thread."""
+    global command
+    command = key
+    used.clear()  # a process that runs several commands (a notebook) files each under its own
+    folder = cache_folder()
+    entries = last_runs(folder / "programs").get(key, []) if folder else []
+    if entries:
+        pool = ThreadPoolExecutor(len(entries), thread_name_prefix="picospec-load")
+        for name, donate in entries:
+            loading[name] = pool.submit(load, folder / "programs" / f"{name}.jaxexport", donate)
+        pool.shutdown(wait=False)
+
+
+def settle() -> float:
+    """Wait for the programs still compiling early (a failed one is built again when asked for); returns
+    the seconds waited."""
+    t0 = time.perf_counter()
+    for future in list(loading.values()):
+        future.exception()
+    return time.perf_counter() - t0

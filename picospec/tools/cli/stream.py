@@ -26,8 +26,7 @@ from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.cli.costs import warm
-from picospec.tools.cli.executables import settle
-from picospec.tools.cli.programs import compiled
+from picospec.tools.cli.programs import compiled, settle
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
 from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
@@ -130,7 +129,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
                                                                                   step=step)
         begin, begin_options = batch_start, dict(K=K, **sizes)
     init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options)
-    s1 += settle()  # nothing loads in the background while the clock runs
+    s1 += settle()  # nothing compiles in the background while the clock runs
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
