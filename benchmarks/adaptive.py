@@ -7,7 +7,7 @@
 Each contender generates n tokens after each prompt with a few keys (speculative_sample's compiled
 loop); each run keeps its fastest of `rounds` rounds, and in every round each run is taken by all
 the contenders in turn, in a shuffled order, so a slow spell of the shared machine hits them alike. auto compiles for
-K_max = 7 (the CLI's) and reads its iteration times from tools/cli/costs.py.
+K_max = 7 (the CLI's) and reads its iteration times from tools/autotune/costs.py.
 """
 
 import argparse
@@ -22,8 +22,8 @@ from picospec.beyond import theory
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.sampling import Sampling
+from picospec.tools.autotune.costs import auto_policy
 from picospec.tools.bench.report import cpu_name
-from picospec.tools.cli.costs import auto_policy
 from picospec.tools.cli.options import AUTO_K_MAX
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]

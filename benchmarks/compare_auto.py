@@ -33,10 +33,11 @@ import jax
 import picospec
 from picospec.autoregressive import buffers
 from picospec.sampling import Sampling
+from picospec.tools.autotune import prompt_prior
+from picospec.tools.autotune.costs import auto_policy, race_laps
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
-from picospec.tools.cli.costs import auto_policy, race_laps
-from picospec.tools.cli.options import AUTO_K_MAX, prompt_prior
+from picospec.tools.cli.options import AUTO_K_MAX
 
 
 def speedup(prompt: str, K: str, T: str, seed: int) -> float:

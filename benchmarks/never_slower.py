@@ -13,7 +13,7 @@ the one auto trails most by the median of the first half of the rounds' ratios, 
 the other half: chosen and measured on the same rounds, the best of seven noisy contenders looks faster
 than it is (the winner's curse). Autoregressive decoding runs twice a round, as two contenders: their
 ratio is the noise floor of the row. auto compiles for K_max = 7 (the
-CLI's) and weighs the iteration times tools/cli/costs.py measures for this B (k = 0 included: the
+CLI's) and weighs the iteration times tools/autotune/costs.py measures for this B (k = 0 included: the
 target alone), from each set's prompts' prior, knowing the n tokens each row makes. Printed: one markdown
 row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto (each its fastest
 round of the second half), and auto's ratios to them: of the fastest rounds, and the median of the rounds'
@@ -32,10 +32,11 @@ import numpy as np
 import picospec
 from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
+from picospec.tools.autotune import prompt_prior
+from picospec.tools.autotune.costs import auto_policy
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
-from picospec.tools.cli.costs import auto_policy
-from picospec.tools.cli.options import AUTO_K_MAX, prompt_prior
+from picospec.tools.cli.options import AUTO_K_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402

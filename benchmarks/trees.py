@@ -37,9 +37,9 @@ from picospec.beyond.dynamic import Grown, calibration, grown
 from picospec.beyond.tree import Shape, branches, feed
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import logits_to_probs
+from picospec.tools.autotune.costs import race_laps
 from picospec.tools.bench.report import cpu_name
 from picospec.tools.bench.timing import forward_times
-from picospec.tools.cli.costs import race_laps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402

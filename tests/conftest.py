@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 from picospec.gpt2 import GPT2Config, Model, init_params  # noqa: E402
-from picospec.tools.cli import jit_cache  # noqa: E402
+from picospec.tools import jit_cache  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 # The device the tests run on, as the CLI's summary and the benchmark's report name it.

@@ -411,12 +411,12 @@ def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
 
 
 def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_stays_exact():
-    """The CLI's prior (options.prompt_prior), a row's share: the pair's alpha on the target's own text as
+    """The CLI's prior (autotune.prompt_prior), a row's share: the pair's alpha on the target's own text as
     ALIKE judged drafts, then the beta of the prompt's own tokens after its first. A draft the target never
     agrees with stops before its first call; one it always agrees with brings no failures; a prompt of one
     token brings only the pair's. Greedy output stays the target's (the choice of k looks only at the past)."""
-    from picospec.tools.cli.options import prompt_prior
-    from picospec.tools.cli.typical import alpha
+    from picospec.tools.autotune import prompt_prior
+    from picospec.tools.autotune.typical import alpha
     v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
     policy, prompt, greedy = Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
     unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
@@ -444,7 +444,7 @@ def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_
     single-prompt sampler. Kept in costs.json: read back, not measured again; another sampling, or a draft
     of the same shapes with other weights, is measured afresh."""
     from picospec.gpt2 import logits
-    from picospec.tools.cli import typical
+    from picospec.tools.autotune import typical
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
     draft, eos = early_exit(TARGET, 1), TARGET.config.eos_token_id
     first = np.argsort(-np.asarray(logits(TARGET, [eos]))[-1])[:typical.TEXTS]

@@ -11,8 +11,8 @@ from conftest import DATA, DEVICE, random_model
 
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
+from picospec.tools.autotune.costs import race_laps
 from picospec.tools.bench.timing import forward_times, iteration_calls
-from picospec.tools.cli.costs import race_laps
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 

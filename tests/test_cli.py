@@ -20,8 +20,9 @@ from picospec.beyond.adaptive import AdaptiveDraft
 from picospec.beyond.batch import batch_buffers
 from picospec.beyond.policy import Policy, choose_k
 from picospec.sampling import Sampling
-from picospec.tools import cli
-from picospec.tools.cli import cost_model, costs, jit_cache, options
+from picospec.tools import autotune, cli, jit_cache
+from picospec.tools.autotune import cost_model, costs
+from picospec.tools.cli import options
 from picospec.tools.cli.picture import DPI, figure_size
 from picospec.tools.cli.show import show
 from picospec.tools.cli.steps import Step
@@ -68,7 +69,7 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     asked = []
     timed = lambda *args: asked.append(args) or {"v": [2.0, 1.0, 1.2, 1.4], "prefill": 0.5}  # noqa: E731  timed: below
     monkeypatch.setattr(costs, "measure", timed)
-    monkeypatch.setattr(options, "SAME_STATE", float("inf"))  # made-up costs, far from the run's: kept all the same
+    monkeypatch.setattr(autotune, "SAME_STATE", float("inf"))  # made-up costs, far from the run's: kept all the same
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -173,12 +174,12 @@ def test_a_first_auto_run_says_it_times_the_costs_and_a_repeated_one_does_not(ca
     timed = []
     monkeypatch.setattr(costs, "measure", lambda *args: timed.append(args) or {"v": [4.0, 1.0, 1.2, 1.4],
                                                                                   "prefill": 1.0})
-    monkeypatch.setattr(options.typical, "measure", lambda *args: 0.9)
+    monkeypatch.setattr(autotune.typical, "measure", lambda *args: 0.9)
     draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
     args = cli.parse_args([*PAIR, "--prompt", "The quick", "--n-tokens", "24", "--K", "auto"])
     said = []
     for _ in range(2):  # as main() asks for the policy, run after run
-        options.make_policy(args, draft, target, [[464, 2068]])
+        autotune.make_policy(args, draft, target, [[464, 2068]])
         said.append("picospec: note: --K auto first times this machine's iterations" in capsys.readouterr().err)
     assert said == [True, False] and len(timed) == 1  # timed once, then kept
 
@@ -204,7 +205,7 @@ def test_costs_timed_in_another_state_of_the_machine_are_timed_again(tmp_path, m
     def kept(clock):  # keep the timing and the alpha, run the check on a clock of iteration ends
         jit_cache.remembered(key, lambda: {"v": v, "prefill": 0.001})
         jit_cache.remembered("alpha:pair", lambda: {"alpha": 0.9})
-        note = options.recheck(args, draft, target, prompts, policy, clock)
+        note = autotune.recheck(args, draft, target, prompts, policy, clock)
         return note, sorted(json.loads((tmp_path / "jit" / "costs.json").read_text()))
 
     ends = np.cumsum([0.5] + [0.008] * 7)  # one slow start, then 7 iterations drafting 3, as timed

@@ -19,7 +19,7 @@ from conftest import DATA  # noqa: E402
 from test_cli import adds_up  # noqa: E402
 
 from picospec.tools import cli  # noqa: E402
-from picospec.tools.cli import costs, typical  # noqa: E402
+from picospec.tools.autotune import costs, typical  # noqa: E402
 
 RECORD = DATA / "cli_record.json"
 PAIR = ["--draft", "tiny-draft", "--target", "tiny-target", "--n-tokens", "24", "--K", "4"]

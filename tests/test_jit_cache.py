@@ -2,7 +2,7 @@ import os
 import subprocess
 import sys
 
-from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.jit_cache import cache_folder
 
 TINY = ["--draft", "tiny-draft", "--target", "tiny-target", "--prompt", "And God said", "--n-tokens", "8"]
 

@@ -12,9 +12,8 @@ from conftest import random_model
 import picospec
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
-from picospec.tools import memory
+from picospec.tools import memory, programs
 from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
-from picospec.tools.cli import programs
 
 ACCELERATORS = ("cuda", "tpu")
 

@@ -1,4 +1,4 @@
-"""The CLI's exported programs (picospec/tools/cli/programs.py): a repeated run traces nothing and finds
+"""The CLI's exported programs (picospec/tools/programs.py): a repeated run traces nothing and finds
 XLA's code in JAX's persistent cache, and gives the same tokens; what the program was built from changes
 its files; a damaged file is rebuilt with a note."""
 
@@ -17,7 +17,8 @@ from picospec import load_model
 from picospec.beyond.policy import Policy
 from picospec.gpt2 import logits
 from picospec.sampling import Sampling, logits_to_probs
-from picospec.tools.cli import options, programs
+from picospec.tools import programs
+from picospec.tools.cli import options
 
 stream = importlib.import_module("picospec.tools.cli.stream")  # the module (the package names its function stream)
 RUN = [*PAIR, "--prompt", "To be", "--n-tokens", "10", "--K", "3", "--json"]

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import KVCache, Model, forward, init_cache
-from picospec.tools.cli.costs import race_laps
+from picospec.tools.autotune.costs import race_laps
 
 
 def race(rounds=3, **contenders) -> tuple[dict, dict]:
@@ -110,7 +110,7 @@ def forward_times(calls: dict, capacity=128, others=None, min_seconds=0.25, roun
 FIRST_TOKEN = """
 import sys, jax
 from picospec.sampling import Sampling
-from picospec.tools.cli.jit_cache import use_persistent_cache
+from picospec.tools.jit_cache import use_persistent_cache
 from picospec.tools.cli.stream import stream
 from picospec.tools.checkpoints.weights import load_model
 use_persistent_cache()

@@ -17,7 +17,7 @@ import jax
 from picospec.beyond.dynamic import Grown
 from picospec.beyond.ngram import NGramDraft
 from picospec.errors import PicospecError
-from picospec.tools import checks
+from picospec.tools import autotune, checks
 from picospec.tools.checkpoints.weights import (
     check_tokenizer,
     checkpoint_file,
@@ -26,21 +26,19 @@ from picospec.tools.checkpoints.weights import (
     load_tokenizer,
 )
 from picospec.tools.cli.flags import command, parse_args
-from picospec.tools.cli.jit_cache import use_persistent_cache
 from picospec.tools.cli.options import (
     K_max,
     describe,
     k_used,
-    make_policy,
     read_prompts,
-    recheck,
     tree_shape,
     use_platform,
 )
 from picospec.tools.cli.picture import draw
-from picospec.tools.cli.programs import start_loading
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
+from picospec.tools.jit_cache import use_persistent_cache
+from picospec.tools.programs import start_loading
 
 
 def load(args):
@@ -76,7 +74,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     steps, records, text, clock = [[] for _ in range(B)], [None] * B, "", []
     if out and B == 1:
         out.write(texts[0])
-    policy = make_policy(args, draft, target, prompts) if mode == "speculative" else None
+    policy = autotune.make_policy(args, draft, target, prompts) if mode == "speculative" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
@@ -102,7 +100,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
-    note = recheck(args, draft, target, prompts, policy, clock) if policy is not None else None
+    note = autotune.recheck(args, draft, target, prompts, policy, clock) if policy is not None else None
     if note:  # the kept costs were timed in another state of the machine
         print(f"picospec: note: {note}", file=sys.stderr)
     if args.plot and mode == "speculative":

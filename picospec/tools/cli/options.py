@@ -1,28 +1,20 @@
-"""The CLI's choices made from its flags: the prompts, the device, and what K means (a number,
-or `auto` with the policy behind it)."""
+"""The CLI's choices made from its flags: the prompts, the device, what K means (a number, or `auto`:
+tools/autotune/), and a tree's shape from the laws measured on the prompts."""
 
 import argparse
-import dataclasses
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from picospec.beyond import tree_theory
-from picospec.beyond.batch import batch_buffers
 from picospec.beyond.dynamic import Grown, calibration, grown
-from picospec.beyond.policy import ALIKE, Policy, fixed
 from picospec.beyond.tree import Shape
 from picospec.errors import PicospecError
 from picospec.gpt2 import Model, logits
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import checks
-from picospec.tools.cli import typical
-from picospec.tools.cli.cost_model import SAME_STATE, off_by
-from picospec.tools.cli.costs import TIMED_ROWS, auto_policy, kept_as
-from picospec.tools.cli.jit_cache import forget, is_kept
-from picospec.tools.cli.programs import compiled
+from picospec.tools.programs import compiled
 
 AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8 rows), stops earlier when it pays
 
@@ -110,71 +102,6 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     if not measured:
         return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_acceptance(TREE_ALPHA, args.tree)))
     return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_law(args.children, p, q, args.tree)))
-
-
-def make_policy(args, draft, target, prompts):
-    """The policy.Policy the flags ask for: --K auto times this machine's iterations (costs.py, saying so the
-    first time), starts from a prior (prompt_prior: the pair on the target's own text, then the prompts'
-    tokens), and knows each row's --n-tokens (a batch waits for its slowest row); --confidence alone cuts
-    a fixed K short; neither: None, always K drafts."""
-    if args.K == "auto":
-        capacity, sampling = auto_sizes(args, target, prompts)
-        if not is_kept(kept_as(draft, target, AUTO_K_MAX, capacity, sampling, min(len(prompts), TIMED_ROWS), True)):
-            print("picospec: note: --K auto first times this machine's iterations (once for this pair, batch "
-                  "size and sampling; about a minute on the bundled pair)", file=sys.stderr, flush=True)
-        policy = auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
-        policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
-        return prompt_prior(policy, draft, target, prompts, sampling)
-    return fixed(args.K, args.confidence) if args.confidence > 0 else None
-
-
-def auto_sizes(args, target, prompts) -> tuple[int, Sampling]:
-    """What --K auto's costs are timed for, besides the pair and the batch: the cache capacity, the sampling."""
-    return (batch_buffers(prompts, args.n_tokens, AUTO_K_MAX, target.config)[3],
-            checks.sampling(args.temperature, args.top_k, args.top_p))
-
-
-RECHECK_AFTER = 6  # iterations a run needs before its own times judge the kept costs
-
-
-def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
-    """--K auto's kept costs against this run's iterations, clock [(seconds from the start to the end of
-    each, k drafted)] (cost_model.off_by): taken in another state of the machine, they are forgotten, timed
-    again by the next run, and the note returned says so; None when they agree (or none were kept)."""
-    if args.K != "auto" or len(clock) < RECHECK_AFTER:
-        return None
-    off = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
-                 np.asarray(policy.v) / 1e3)
-    capacity, sampling = auto_sizes(args, target, prompts)
-    if 1 / SAME_STATE <= off <= SAME_STATE or not forget(
-            kept_as(draft, target, AUTO_K_MAX, capacity, sampling, min(len(prompts), TIMED_ROWS), True)):
-        return None
-    return (f"this run's iterations took {off:.2g}x the time --K auto's kept costs give: they were timed in "
-            "another state of this machine (a slow spell, another busy program), and will be timed again next run")
-
-
-def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
-    """The policy with its prior evidence, a row's share: the pair's alpha on the target's own text
-    (typical.py) as policy.ALIKE judged drafts, and then the beta at the prompts' positions, every one
-    but each prompt's first, whose context is one token. There both models' laws are their flattest,
-    and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24 held-out
-    verses, against 71-92% at every later position), while every draft the loop judges follows a
-    whole prompt. A batch of more than PRIOR_PROMPTS prompts is judged by its first PRIOR_PROMPTS, their
-    evidence counted for all. A draft that is not a model: no prior."""
-    if not isinstance(draft, Model):
-        return policy
-    alpha = typical.alpha(draft, target, sampling)
-    evidence = ALIKE * np.float32([alpha, 1 - alpha])  # (successes, failures)
-    judged = prompts[:PRIOR_PROMPTS]
-    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in judged])  # [positions]: all but the first
-    if later.any():
-        p, q = prompt_laws(draft, target, judged, sampling, sampling, least=1)
-        beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
-        evidence += np.float32([beta.sum(), (1 - beta).sum()]) * (len(prompts) / len(judged))
-    return dataclasses.replace(policy, prior=jnp.float32(evidence) / len(prompts))
-
-
-PRIOR_PROMPTS = 256  # the prompts whose positions the prior reads (two forward passes each)
 
 
 def k_used(steps) -> dict:

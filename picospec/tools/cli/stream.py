@@ -25,10 +25,10 @@ from picospec.beyond.loop import target_alone
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
-from picospec.tools.cli.costs import warm
-from picospec.tools.cli.programs import compiled, settle
+from picospec.tools.autotune.costs import warm
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
 from picospec.tools.memory import check_memory, compiled_need
+from picospec.tools.programs import compiled, settle
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
 

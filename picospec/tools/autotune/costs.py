@@ -39,10 +39,10 @@ from picospec.beyond.score_first import score_sizes
 from picospec.beyond.verifiers import accept_or_resample
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.tools.cli.cost_model import never_less, per_block, settled, worth_timing
-from picospec.tools.cli.jit_cache import remembered
-from picospec.tools.cli.programs import source_digest
+from picospec.tools.autotune.cost_model import never_less, per_block, settled, worth_timing
+from picospec.tools.jit_cache import remembered
 from picospec.tools.memory import run_device
+from picospec.tools.programs import source_digest
 from picospec.tools.samplers import plug_in
 
 

@@ -8,11 +8,11 @@ would have finished 1.3x sooner by the timed costs). So the prior starts from th
 own text: TEXTS texts that the target writes from the start of a document (greedy: one after each of its
 TEXTS likeliest first tokens; sampled: as the run samples), each draft's chance of acceptance after
 their TOKENS tokens past the first SKIP, beta = sum_x min(p(x), q(x)), averaged. A document's first
-words are where both models know least, as a prompt's first position (options.prompt_prior), and the
+words are where both models know least, as a prompt's first position (autotune.prompt_prior), and the
 loop's drafts follow a prompt, not a document's start: on the bundled pair, greedy, beta averages 0.75
 over a text's first 8 tokens and 0.87 over the 32 after them, as after held-out verses (0.87).
 Measured once for the pair and the sampling, and kept with the costs (jit_cache.remembered).
-options.prompt_prior counts it as policy.ALIKE judged drafts: another text of the same two models,
+autotune.prompt_prior counts it as policy.ALIKE judged drafts: another text of the same two models,
 alike but not the same.
 """
 
@@ -24,8 +24,8 @@ import numpy as np
 
 from picospec.gpt2 import Model, logits
 from picospec.sampling import Sampling, logits_to_probs
-from picospec.tools.cli.costs import describe
-from picospec.tools.cli.jit_cache import remembered
+from picospec.tools.autotune.costs import describe
+from picospec.tools.jit_cache import remembered
 from picospec.tools.samplers import autoregressive_sample_batch
 
 TEXTS, TOKENS, SKIP = 8, 32, 8  # the texts the target writes, their tokens weighed, and those before them

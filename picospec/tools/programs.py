@@ -49,7 +49,7 @@ from picospec.beyond.tree import Shape, TreeDraft
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling
 from picospec.state import SpecState
-from picospec.tools.cli.jit_cache import cache_folder
+from picospec.tools.jit_cache import cache_folder
 from picospec.tools.memory import run_device
 
 
