@@ -45,7 +45,7 @@ class Policy:
     evidence_to_stop: jax.Array | int = EVIDENCE_TO_STOP  # int32 []: judged drafts before k = 0 is allowed
     auto: bool = True  # choose k from the theory each iteration; False: always K (the threshold still stops)
     prior: jax.Array | tuple = (0.0, 0.0)  # (successes, failures) before any iteration: one row's share of
-    # the beta measured on the prompts (tools/cli/options.py), or none
+    # the beta measured on the prompts (tools/autotune/), or none
     horizon: jax.Array | float = float("inf")  # float32 []: the tokens each row generates (choose_k), or unknown
     prefill: jax.Array | float = 0.0  # float32 []: the draft's prefill, in v's unit: the first look pays it too
 
