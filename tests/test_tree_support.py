@@ -174,7 +174,11 @@ def test_the_loop_with_distinct_children_follows_the_target_law_when_narrow(sett
     triples = speculative_triples(K=1, n=N_PATH, temperature=sampling.temperature, top_p=sampling.top_p,
                                   tree=SHAPES["3 then 1, depth 2"], children="distinct")
     assert triples.max() < V ** 3
-    assert chi_square_p(triples, target_law(sampling)) > PASS
+    law = target_law(sampling)
+    if np.count_nonzero(law) == 1:  # the target's law is one sequence here: every run must give it
+        assert (triples == np.argmax(law)).all()
+    else:
+        assert chi_square_p(triples, law) > PASS
 
 
 # ---- several drafts whose first tokens are chosen as a tree's children ----
