@@ -18,13 +18,13 @@ import pytest
 import test_speculative as suite
 
 from picospec import speculative
-from picospec.beyond import verifiers
+from picospec.beyond import loop, verifiers
 from picospec.beyond.loop import Verdict
 from picospec.sampling import Sampling, sample
 from picospec.tools import samplers
 
 ORIGINAL_PROPOSE, ORIGINAL_SAMPLE, ORIGINAL_RULE = speculative.propose, speculative.sample, speculative.accept_or_resample
-ORIGINAL_ADVANCE, ORIGINAL_STEP = speculative.advance, speculative.speculative_step
+ORIGINAL_ADVANCE, ORIGINAL_STEP = speculative.advance, loop.speculative_step  # the step the public API runs
 
 
 def bfloat16(x):  # x rounded as bfloat16 would hold it (XLA may drop a float32 -> bfloat16 -> float32 round trip)
