@@ -37,12 +37,8 @@ def imports(module: str) -> set[str]:
     found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     found |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
               and node.module in ("picospec", "picospec.beyond") for alias in node.names}
-    names = set()
-    for name in found:
-        parts = name.split(".")
-        if parts[0] == "picospec" and len(parts) > 1:
-            names.add("/".join(parts[1:3]) if parts[1] == "beyond" and len(parts) > 2 else parts[1])
-    return names - {"beyond"}
+    short = lambda name: "/".join(name.split(".")[1:3]) if name.startswith("picospec.beyond.") else name.split(".")[1]  # noqa: E731
+    return {short(name) for name in found if name.startswith("picospec.") and name != "picospec.beyond"}
 
 
 def test_each_chapter_imports_only_the_chapters_before_it():

@@ -89,8 +89,11 @@ class ModelDraft(NamedTuple):
 def advance(state: SpecState, proposal: Proposal, verdict, target_cache: KVCache, eos_id: int) -> SpecState:
     """Step 5 (speculative.advance), and the drafts proposed, k, in the trace's row."""
     state = speculative.advance(state, proposal, verdict, target_cache, eos_id)
-    trace = state.trace
-    return state._replace(trace=trace._replace(k=trace.k.at[trace.n_steps - 1].set(proposal.k)))
+    return state._replace(trace=with_k(state.trace, proposal.k))
+
+
+def with_k(trace: Trace, k) -> Trace:  # the latest row's k: the drafts its iteration proposed
+    return trace._replace(k=trace.k.at[trace.n_steps - 1].set(k))
 
 
 def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: Sampling, eos_id: int,
@@ -110,9 +113,8 @@ def target_alone(draft, target: Model, state: SpecState, K: int, sampling: Sampl
                                 sampling, eos_id)
     nothing, zeros = Proposal(jnp.zeros(K, jnp.int32), None, None, jnp.int32(0)), jnp.zeros(K)
     verdict = Verdict(jnp.int32(0), after.tokens[state.n], zeros, zeros)
-    trace = speculative.record(state.trace, nothing, verdict)
     return state._replace(tokens=after.tokens, n=after.n, target_cache=after.cache, key=after.key, done=after.done,
-                          trace=trace._replace(k=trace.k.at[trace.n_steps - 1].set(0)))
+                          trace=with_k(speculative.record(state.trace, nothing, verdict), 0))
 
 
 def drafting(draft, state: SpecState):  # bool []: the draft has not stopped for good

@@ -10,11 +10,7 @@ the donated arguments, picospec's own source files, the jax and jaxlib versions 
 run that finds the file deserializes it, no tracing, and compiles it, which JAX's persistent cache
 answers with the code it kept. Within a process each program is built once (a batch's prompts share one).
 
-That compile still lowers the program and loads XLA's code (~0.8 s a repeated run on the bundled pair),
-and a run asks for it only once it has read the models. So the CLI starts it as it begins, in a thread of
-its own for each program the last run of the same command used (`start_loading`; programs/last-run holds
-their names, by the command's flags less the prompts, the seed and the output's form), and a run waits for
-them before its clock starts (`settle`): a repeated command finds its programs compiled.
+That compile still takes a while; a repeated command finds it done already (early.py).
 
 Anything changed gives another digest, so a stale program is never found; a file that cannot be read
 is rebuilt with a one-line note. The files live in programs/ in the compile cache's folder (a few hundred
@@ -26,11 +22,8 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import sys
-import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -49,6 +42,7 @@ from picospec.beyond.tree import Shape, TreeDraft
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling
 from picospec.state import SpecState
+from picospec.tools.early import compile_exported, loading, remember
 from picospec.tools.jit_cache import cache_folder
 from picospec.tools.memory import run_device
 
@@ -146,14 +140,6 @@ def compiled(fn, args: tuple, static: dict, donate: tuple[int, ...] = ()):
     return BUILT_HERE[kept]
 
 
-def compile_exported(program: export.Exported, donate) -> jax.stages.Compiled:
-    """The exported program compiled for arguments of its own shapes: the same lowering whether the
-    arguments are at hand or not (start_loading), so that JAX's persistent cache finds it either way."""
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in program.in_avals]
-    args, _ = jax.tree_util.tree_unflatten(program.in_tree, avals)
-    return jax.jit(program.call, donate_argnums=donate, keep_unused=True).lower(*args).compile()
-
-
 def saved(name: str, fn, args: tuple, static: dict) -> export.Exported:
     """The exported program in programs/name.jaxexport, written there first if an earlier run did not."""
     folder = cache_folder()
@@ -188,59 +174,3 @@ def write(path, data: bytes):
         path.write_bytes(data)
     except OSError:
         pass  # a read-only cache folder: build it again next time
-
-
-loading: dict[str, Future] = {}  # name -> its program, compiling early
-used: list = []  # [name, donated] of the programs this process asked for, in order
-COMMANDS = 8  # the commands last-run keeps, the newest last
-command = ""  # this run's key in last-run (start_loading)
-
-
-def last_runs(folder: Path) -> dict:
-    """{command: [[name, donated], ...]} from folder/last-run ({} if none or unreadable)."""
-    try:
-        runs = json.loads((folder / "last-run").read_text())
-        return {key: [(name, tuple(donate)) for name, donate in entries if re.fullmatch("[0-9a-f]{32}", name)]
-                for key, entries in runs.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
-
-
-def remember(name: str, donate):
-    """Name the program in programs/last-run under this run's command, for its next run to load early."""
-    folder = cache_folder()
-    if folder is None or [name, list(donate)] in used:
-        return
-    used.append([name, list(donate)])
-    runs = {key: [[name, list(donate)] for name, donate in entries]
-            for key, entries in last_runs(folder / "programs").items()}
-    runs.pop(command, None)
-    runs[command] = used[-8:]
-    write(folder / "programs" / "last-run", json.dumps(dict(list(runs.items())[-COMMANDS:]), indent=1).encode())
-
-
-def load(path: Path, donate) -> jax.stages.Compiled:  # the exported program at path, compiled
-    return compile_exported(export.deserialize(bytearray(path.read_bytes())), donate)
-
-
-def start_loading(key: str):
-    """Start compiling the programs the last run of command `key` used, each in a background thread."""
-    global command
-    command = key
-    used.clear()  # a process that runs several commands (a notebook) files each under its own
-    folder = cache_folder()
-    entries = last_runs(folder / "programs").get(key, []) if folder else []
-    if entries:
-        pool = ThreadPoolExecutor(len(entries), thread_name_prefix="picospec-load")
-        for name, donate in entries:
-            loading[name] = pool.submit(load, folder / "programs" / f"{name}.jaxexport", donate)
-        pool.shutdown(wait=False)
-
-
-def settle() -> float:
-    """Wait for the programs still compiling early (a failed one is built again when asked for); returns
-    the seconds waited."""
-    t0 = time.perf_counter()
-    for future in list(loading.values()):
-        future.exception()
-    return time.perf_counter() - t0

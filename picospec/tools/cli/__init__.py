@@ -37,8 +37,8 @@ from picospec.tools.cli.options import (
 from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
+from picospec.tools.early import start_loading
 from picospec.tools.jit_cache import use_persistent_cache
-from picospec.tools.programs import start_loading
 
 
 def load(args):

@@ -27,8 +27,9 @@ from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.autotune.costs import warm
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
+from picospec.tools.early import settle
 from picospec.tools.memory import check_memory, compiled_need
-from picospec.tools.programs import compiled, settle
+from picospec.tools.programs import compiled
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
 
