@@ -3,12 +3,14 @@
 import functools
 import json
 import time
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DATA, DEVICE, random_model
 
+from picospec.beyond import theory
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import bench
 from picospec.tools.autotune.costs import race_laps
@@ -127,3 +129,26 @@ def test_a_race_takes_its_contenders_in_the_reverse_order_every_other_round():
     called.clear()
     race_laps(1, warm=False, first=1, a=a, b=b)
     assert called == ["b", "a"]  # round 1 of a race run one round a call
+
+
+@pytest.mark.slow  # about 2.5 minutes on 2 cores: --K auto times its iterations first
+def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, capsys):
+    """benchmarks/gpu.py --cpu: the GPU's command with small settings. Its figures are sane: every
+    contender made tokens, an iteration costs at least a fraction of its floor, v(K) and c are positive
+    and theory's speedup is what walltime_improvement gives from them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu", Path(__file__).parents[1] / "benchmarks" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    gpu.main(["--cpu", "--json", str(tmp_path / "gpu.json")])
+    report = json.loads((tmp_path / "gpu.json").read_text())
+    assert [(r["B"], r["T"]) for r in report["bundled"]] == [(1, 0.0), (1, 0.8)]
+    for row in report["bundled"]:
+        assert set(row["tokens_per_s"]) == {"autoregressive", "K=2", "auto"} and min(row["tokens_per_s"].values()) > 0
+        assert row["iteration"]["2"]["over_floor"] > 0.3 and 0 <= row["auto_k"] <= 7
+    assert [r["dtype"] for r in report["gpt2"]] == ["float32", "bfloat16"]
+    for row in report["gpt2"]:
+        assert row["c"] > 0 and set(row["v"]) == {"1", "2"} and min(row["v"].values()) > 0
+        K, speedup = row["theory"]["0.8"]["K"], row["theory"]["0.8"]["speedup"]
+        assert speedup == pytest.approx(float(theory.walltime_improvement(0.8, K, row["c"], row["v"][str(K)])))
+    assert "| float32 |" in capsys.readouterr().out
