@@ -82,7 +82,7 @@ def sampling_at(T: float) -> dict:
     return dict(temperature=T) if T == 0 else dict(temperature=T, top_k=20, top_p=0.9)
 
 
-def bundled(s: dict, rounds: int) -> list[dict]:
+def bundled(s: dict, rounds: int, auto: bool) -> list[dict]:
     """Section 1: one row per (B, T) with every contender's tokens/s and each fixed K's iteration cost."""
     draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
     n, rows = s["n_tokens"], []
@@ -92,25 +92,26 @@ def bundled(s: dict, rounds: int) -> list[dict]:
         for T in s["temperatures"]:
             kw = sampling_at(T)
             sampling = Sampling(T, kw.get("top_k", 0), kw.get("top_p", 1.0))
-            auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, B=B), horizon=n)
-            auto = prompt_prior(auto, draft, target, prompts, sampling)
+            if auto:
+                auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, B=B), horizon=n)
+                auto = prompt_prior(auto, draft, target, prompts, sampling)
 
             def spec(K, policy=None):
                 return lambda: picospec.speculative_sample_batch(draft, target, prompts, n, keys, K=K, policy=policy,
                                                                  **kw)
             runs = {"autoregressive": lambda: picospec.autoregressive_sample_batch(target, prompts, n, keys, **kw)}
-            runs |= {f"K={K}": spec(K) for K in s["fixed"]} | {"auto": spec(AUTO_K_MAX, auto)}
+            runs |= {f"K={K}": spec(K) for K in s["fixed"]} | ({"auto": spec(AUTO_K_MAX, auto)} if auto else {})
             runs = {name: (lambda run: lambda: jax.block_until_ready(run()))(run) for name, run in runs.items()}
             traces = {name: run()[1] for name, run in runs.items() if name != "autoregressive"}
             laps, _ = race_laps(rounds, **runs)
             seconds = {name: statistics.median(lap[name] for lap in laps) for name in runs}
             floors = call_times({"draft": (draft, 1)} | {f"target {K + 1}": (target, K + 1) for K in s["fixed"]},
                                 B, capacity, s["calls"], rounds)
-            auto_trace = traces["auto"]
             row = dict(B=B, T=T, tokens_per_s={name: B * n / t for name, t in seconds.items()},
-                       auto_k=float(np.mean(np.concatenate([np.asarray(auto_trace.k[b, :int(auto_trace.n_steps[b])])
-                                                            for b in range(B)]))),
                        draft_step_ms=1e3 * floors["draft"], iteration={})
+            if trace := traces.get("auto"):
+                row["auto_k"] = float(np.mean(np.concatenate([np.asarray(trace.k[b, :int(trace.n_steps[b])])
+                                                              for b in range(B)])))
             for K in s["fixed"]:
                 iterations = int(np.max(traces[f"K={K}"].n_steps))
                 floor = K * floors["draft"] + floors[f"target {K + 1}"]
@@ -123,10 +124,12 @@ def bundled(s: dict, rounds: int) -> list[dict]:
 
 def bundled_row(r: dict, s: dict) -> str:
     tps, ar = r["tokens_per_s"], r["tokens_per_s"]["autoregressive"]
-    speeds = " | ".join(f"{tps[name]:.0f} ({tps[name] / ar:.2f})" for name in [f"K={K}" for K in s["fixed"]] + ["auto"])
+    speeds = " | ".join(f"{tps[name]:.0f} ({tps[name] / ar:.2f})" if name in tps else "—"
+                        for name in [f"K={K}" for K in s["fixed"]] + ["auto"])
     costs = "; ".join(f"K={K}: {i['ms']:.3f} / {i['floor_ms']:.3f} = {i['over_floor']:.2f}"
                       for K, i in r["iteration"].items())
-    return f"| {r['B']} | {r['T']} | {ar:.0f} | {speeds} | {r['auto_k']:.2f} | {costs} |"
+    auto_k = f"{r['auto_k']:.2f}" if "auto_k" in r else "—"
+    return f"| {r['B']} | {r['T']} | {ar:.0f} | {speeds} | {auto_k} | {costs} |"
 
 
 def gpt2_costs(s: dict, rounds: int) -> list[dict]:
@@ -157,6 +160,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, help="rounds of the race (default: 5 on a GPU, 2 with --cpu)")
     parser.add_argument("--json", default="gpu.json", help="where to write every figure")
     parser.add_argument("--skip", choices=["bundled", "gpt2"], help="leave one section out")
+    parser.add_argument("--no-auto", action="store_true", help="leave --K auto out (it times its iterations first)")
     args = parser.parse_args(argv)
     s = SETTINGS["cpu" if args.cpu else "gpu"]
     rounds, device = args.rounds or s["rounds"], jax.devices("cpu" if args.cpu else None)[0]
@@ -176,7 +180,7 @@ def run(args, s: dict, rounds: int, device) -> dict:
               "against its floor (K draft steps + one K+1-token target call, each alone)\n")
         print("| B | T | autoregressive | " + " | ".join(f"K = {K}" for K in s["fixed"]) + " | auto | auto's k | "
               "iteration / floor |\n|" + "---|" * (5 + len(s["fixed"])) + "---|", flush=True)
-        report["bundled"] = bundled(s, rounds)
+        report["bundled"] = bundled(s, rounds, not args.no_auto)
     if args.skip != "gpt2":
         print(f"\nGPT-2 shapes, draft {s['draft']} -> target {s['target']}, random weights, B = 1: the target's ms "
               f"per token, c, v(K) for K = {s['Ks'][0]}..{s['Ks'][-1]}, theory's speedup at alpha (best K)\n")

@@ -151,3 +151,13 @@ def test_a_file_names_only_picospec_functions():
     assert programs.function("picospec.beyond.adaptive:own").__name__ == "own"
     with pytest.raises(ValueError, match="not a picospec function"):
         programs.function("os:system")
+
+
+def test_a_program_for_a_gpu_is_exported_for_cuda(monkeypatch):
+    """A CUDA device's platform is "gpu", a name jax.export refuses: it is exported for "cuda" (the
+    GPU's run failed on it, "exported for platforms ('gpu',) but used on ('cuda',)")."""
+    class GPU:
+        platform, device_kind = "gpu", "NVIDIA H200"
+    monkeypatch.setattr(programs, "run_device", lambda: GPU())
+    assert programs.exported(lambda x: x * 2, (jnp.ones(3),), {}).platforms == ("cuda",)
+    assert programs.export_platform(jax.devices("cpu")[0]) == "cpu"

@@ -154,7 +154,14 @@ def saved(name: str, fn, args: tuple, static: dict) -> export.Exported:
 
 
 def exported(fn, args: tuple, static: dict) -> export.Exported:  # traced and lowered: the part a saved program skips
-    return export.export(jax.jit(partial(fn, **static)), platforms=[run_device().platform])(*args)
+    return export.export(jax.jit(partial(fn, **static)), platforms=[export_platform(run_device())])(*args)
+
+
+def export_platform(device) -> str:
+    """jax.export's name for the device's platform: a GPU's device says "gpu", jax.export wants "cuda" or "rocm"."""
+    if device.platform != "gpu":
+        return device.platform
+    return export.default_export_platform() if jax.default_backend() == "gpu" else "cuda"
 
 
 def read(path, load):
