@@ -39,9 +39,9 @@ class Timing:
     seconds: float = 0.0  # running them: prefill and every iteration
 
 
-def compile_now(fn, *args, donate=(), B=1, **static):
+def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
     """`fn` compiled for these arguments (programs.py: loaded as exported by an earlier run, or traced
-    now), refused if B rows of it would not fit in memory, and run once (on copies of the donated
+    now), refused if B rows of it would not fit in memory, and (warm) run once (on copies of the donated
     ones); returns (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program
     on its first run (tens of ms on the bundled pair): that is start-up, counted with compiling."""
     t0 = time.perf_counter()
@@ -51,8 +51,9 @@ def compile_now(fn, *args, donate=(), B=1, **static):
     copies = sum(x.nbytes for i in donated for x in jax.tree_util.tree_leaves(args[i]))
     check_memory(compiled_need(program) + copies, B)
     copy = partial(jax.device_put, may_alias=False)  # a buffer copy: no small program compiled per shape
-    jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
-                                    for i, a in enumerate(args)]))
+    if warm:
+        jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
+                                        for i, a in enumerate(args)]))
     return program, time.perf_counter() - t0
 
 
@@ -102,6 +103,9 @@ def skip_when_finished(active, step, state):
     return jax.lax.cond(jnp.any(active), step, lambda s: s, state)
 
 
+WARM_TOKENS = 4096  # a larger prefill is not run first to warm it: there it would cost more than it spares
+
+
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
            eos_id: int = -1, timing: Timing | None = None, verify: str = "token",
            policy=None, drafts: int = 1, tree=None, children: str = "iid") -> Iterator[list[Step | None]]:
@@ -129,7 +133,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
         begin, begin_options = batch_start, dict(K=K, **sizes)
-    init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options)
+    init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
+                           warm=len(prompts) * prefill_len <= WARM_TOKENS)
     s1 += settle()  # nothing compiles in the background while the clock runs
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
