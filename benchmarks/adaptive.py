@@ -15,6 +15,7 @@ import time
 
 import jax
 import numpy as np
+from bench_report import cpu_name
 
 import picospec
 from picospec.autoregressive import buffers
@@ -23,7 +24,6 @@ from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.sampling import Sampling
 from picospec.tools.autotune.costs import auto_policy
-from picospec.tools.bench.report import cpu_name
 from picospec.tools.cli.options import AUTO_K_MAX
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]

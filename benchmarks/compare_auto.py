@@ -29,13 +29,13 @@ import subprocess
 import sys
 
 import jax
+from bench_report import cpu_name
 
 import picospec
 from picospec.autoregressive import buffers
 from picospec.sampling import Sampling
 from picospec.tools.autotune import prompt_prior
 from picospec.tools.autotune.costs import auto_policy, race_laps
-from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 from picospec.tools.cli.options import AUTO_K_MAX
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_report import cpu_name
 
 import picospec
 from picospec.beyond import theory
@@ -38,7 +39,6 @@ from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.sampling import Sampling
 from picospec.tools.autotune import prompt_prior
 from picospec.tools.autotune.costs import auto_policy, race_laps
-from picospec.tools.bench.report import cpu_name
 from picospec.tools.cli.options import AUTO_K_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))

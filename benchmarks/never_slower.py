@@ -28,13 +28,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from bench_report import cpu_name
 
 import picospec
 from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
 from picospec.tools.autotune import prompt_prior
 from picospec.tools.autotune.costs import auto_policy
-from picospec.tools.bench.report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 from picospec.tools.cli.options import AUTO_K_MAX
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from bench_report import cpu_name
 
 import picospec
 from picospec import Sampling
 from picospec.beyond import theory
 from picospec.sampling import logits_to_probs
-from picospec.tools.bench.report import cpu_name
-from picospec.tools.bench.timing import forward_times
+from picospec.tools.timing import forward_times
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 HELDOUT = Path(__file__).parent.parent / "weights" / "heldout_sample.txt"

@@ -11,9 +11,9 @@ import argparse
 
 import jax
 import numpy as np
+from bench_report import cpu_name
 
 import picospec
-from picospec.tools.bench.report import cpu_name
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 

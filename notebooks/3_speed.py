@@ -76,7 +76,7 @@ print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2
 # %% [markdown]
 # ## Measuring c and v(K)
 #
-# `picospec.tools.bench.timing.forward_times` times forward calls the benchmark's way: many calls in one
+# `picospec.tools.timing.forward_times` times forward calls the benchmark's way: many calls in one
 # compiled loop, so no Python dispatch is counted, and all of them raced in turn, so that a slow spell
 # on a shared machine slows both sides of a ratio alike. Attention reads every slot of the cache, so
 # the caches have the capacity the sampling runs below use.
@@ -90,7 +90,7 @@ import matplotlib.pyplot as plt
 
 from picospec.autoregressive import buffers
 from picospec.beyond import theory
-from picospec.tools.bench.timing import forward_times, race
+from picospec.tools.timing import forward_times, race
 
 plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 
@@ -246,5 +246,5 @@ for r in rows:
 #    is v(K)? How much of the measured speedup's shortfall is neither?
 # 3. A batch of B prompts makes the one-token call carry B rows, and so uses the idle arithmetic
 #    itself. Predict v_B(4) for B = 8, then measure it:
-#    `from picospec.tools.bench.batch import batched_forward_time`;
+#    `batched_forward_time` from `benchmarks/bench_batch.py`;
 #    `batched_forward_time(target, 8, 5) / batched_forward_time(target, 8, 1)`.

@@ -19,6 +19,7 @@ if not os.environ.get("PICOSPEC_TEST_XLA_OPT"):
         quick += " --xla_cpu_use_fusion_emitters=false"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {quick}".strip()
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -29,6 +30,7 @@ from picospec.gpt2 import GPT2Config, Model, init_params  # noqa: E402
 from picospec.tools import jit_cache  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
+sys.path.append(str(Path(__file__).parents[1] / "benchmarks"))  # the benchmarks' scripts, which tests run
 # The device the tests run on, as the CLI's summary and the benchmark's report name it.
 DEVICE = f"{jax.devices()[0].device_kind} ({jax.devices()[0].platform})"
 

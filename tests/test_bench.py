@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+import bench
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,9 +13,8 @@ from conftest import DATA, DEVICE, random_model
 
 from picospec.beyond import theory
 from picospec.gpt2 import forward, init_cache
-from picospec.tools import bench
 from picospec.tools.autotune.costs import race_laps
-from picospec.tools.bench.timing import forward_times, iteration_calls
+from picospec.tools.timing import forward_times, iteration_calls
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 

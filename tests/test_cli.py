@@ -17,10 +17,9 @@ from conftest import DATA, DEVICE
 
 import picospec
 from picospec.beyond.adaptive import AdaptiveDraft
-from picospec.beyond.batch import batch_buffers
 from picospec.beyond.policy import Policy, choose_k
 from picospec.sampling import Sampling
-from picospec.tools import autotune, cli, jit_cache
+from picospec.tools import autotune, cli
 from picospec.tools.autotune import cost_model, costs
 from picospec.tools.cli import options
 from picospec.tools.cli.picture import DPI, figure_size
@@ -69,7 +68,6 @@ def test_json_reports_the_rule_the_drafts_and_the_K_used(capsys, tmp_path, monke
     asked = []
     timed = lambda *args: asked.append(args) or {"v": [2.0, 1.0, 1.2, 1.4], "prefill": 0.5}  # noqa: E731  timed: below
     monkeypatch.setattr(costs, "measure", timed)
-    monkeypatch.setattr(autotune, "SAME_STATE", float("inf"))  # made-up costs, far from the run's: kept all the same
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The quick", "--n-tokens", "12", "--temperature", "0.8",
                            "--verify", "match", "--json", *flags)
     assert code == 0
@@ -182,38 +180,6 @@ def test_a_first_auto_run_says_it_times_the_costs_and_a_repeated_one_does_not(ca
         autotune.make_policy(args, draft, target, [[464, 2068]])
         said.append("picospec: note: --K auto first times this machine's iterations" in capsys.readouterr().err)
     assert said == [True, False] and len(timed) == 1  # timed once, then kept
-
-
-def test_costs_timed_in_another_state_of_the_machine_are_timed_again(tmp_path, monkeypatch):
-    """A run checks the kept costs against its own iterations: a timing whose v(k) the iterations took
-    more than SAME_STATE times (a slow spell, another busy program: 2-3x), or less than 1 / SAME_STATE,
-    is forgotten, so the next run times it again, and a note says so; the pair's alpha kept beside it
-    stays. The controls: iterations that take what the timing gives keep it, and the first iteration
-    (starting up) is not judged."""
-    v = [0.004, 0.006, 0.007, 0.008]  # seconds an iteration drafting k = 0..3
-    assert cost_model.off_by([(0.5, 3)] + [(0.008, 3), (0.004, 0), (0.006, 1)] * 3, v) == pytest.approx(1.0)
-    assert cost_model.off_by([(0.016, 3), (0.008, 0), (0.012, 1)], v) == pytest.approx(2.0)
-
-    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
-    monkeypatch.setattr(options, "AUTO_K_MAX", 3)
-    draft, target = picospec.load_model(DATA / "tiny-prefixed"), picospec.load_model(DATA / "tiny-hub")
-    args = cli.parse_args([*PAIR, "--prompt", "The quick", "--n-tokens", "24", "--K", "auto"])
-    prompts = [[464, 2068]]
-    key = costs.kept_as(draft, target, 3, batch_buffers(prompts, 24, 3, target.config)[3], Sampling(0.0), 1, True)
-    policy = Policy(jnp.float32(0), jnp.float32(v) * 1e3, jnp.float32(0))  # as auto_policy gives it: ms
-
-    def kept(clock):  # keep the timing and the alpha, run the check on a clock of iteration ends
-        jit_cache.remembered(key, lambda: {"v": v, "prefill": 0.001})
-        jit_cache.remembered("alpha:pair", lambda: {"alpha": 0.9})
-        note = autotune.recheck(args, draft, target, prompts, policy, clock)
-        return note, sorted(json.loads((tmp_path / "jit" / "costs.json").read_text()))
-
-    ends = np.cumsum([0.5] + [0.008] * 7)  # one slow start, then 7 iterations drafting 3, as timed
-    assert kept([(t, 3) for t in ends]) == (None, sorted(["alpha:pair", key]))
-    note, left = kept([(2.2 * t, 3) for t in ends])  # every iteration 2.2x the timing's
-    assert "took 2.2x the time" in note and "timed again next run" in note and left == ["alpha:pair"]
-    note, left = kept([(t / 2.5, 3) for t in ends])  # timed on a slow spell, run on a fast one
-    assert "took 0.4x the time" in note and left == ["alpha:pair"]
 
 
 def test_warming_up_runs_every_block_size_auto_may_score():

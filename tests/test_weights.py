@@ -11,12 +11,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import DATA
+from load_memory import peak_ratio
 from safetensors.numpy import load_file, save_file
 
 import picospec
 from picospec import PicospecError
 from picospec.gpt2 import GPT2Config, init_params
-from picospec.tools.bench.load_memory import peak_ratio
 from picospec.tools.checkpoints import weights
 from picospec.tools.checkpoints.config import config_json
 from picospec.tools.checkpoints.tensors import checkpoint_tensors, expected
@@ -155,7 +155,7 @@ def test_loading_peak_memory_stays_under_1_3x_the_weights(tmp_path, dtype):
     save_file(flat, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config_json(config)))
     del params, flat
-    ratio, _ = peak_ratio(str(folder), dtype)  # the 1558M check: python -m picospec.tools.bench.load_memory
+    ratio, _ = peak_ratio(str(folder), dtype)  # the 1558M check: python benchmarks/load_memory.py
     assert ratio < 1.3, f"peak resident memory was {ratio:.2f}x the weights"
 
 

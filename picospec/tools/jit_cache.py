@@ -3,9 +3,7 @@
 Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT-2 1558M);
 the compiled programs depend only on the shapes, dtypes and static options, not on the prompt. So the
 CLI and the benchmark keep them on disk, and a second run of the same command loads them instead
-(programs.py keeps the traced programs in programs/ there, so that a second run does not trace either,
-and costs.py the iteration times `--K auto` weighs, in costs.json: `remembered`, and `forget` once a
-run finds them out of date).
+(and costs.py the iteration times `--K auto` weighs, in costs.json: `remembered`).
 
 The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit).
 PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB:
@@ -62,14 +60,6 @@ def remembered(key: str, compute) -> dict:
 def is_kept(key: str) -> bool:
     """Whether costs.json holds what `remembered(key, ...)` would otherwise compute."""
     return isinstance(kept()[1].get(key), dict)
-
-
-def forget(key: str) -> bool:
-    """Drop what costs.json keeps under key, so that the next run computes it again; whether it was kept."""
-    path, known = kept()
-    if known.pop(key, None) is None:
-        return False
-    return write(path, known)
 
 
 def kept() -> tuple[Path | None, dict]:

@@ -1,7 +1,7 @@
 """`--K auto`'s tuner: the policy (picospec/beyond/policy.py) made for this machine, pair and batch. Its
 costs are timed here once and kept (costs.py, the shape of an iteration's time in cost_model.py), its
-prior starts from the pair on the target's own text (typical.py) and the prompts' own tokens, and a run
-whose iterations disagree with the kept costs has them timed again (`recheck`). A fixed K needs none of it."""
+prior starts from the pair on the target's own text (typical.py) and the prompts' own tokens. A run's own
+times never change them: deleting costs.json (jit_cache.py) has them timed again. A fixed K needs none of it."""
 
 import dataclasses
 import sys
@@ -15,10 +15,9 @@ from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.autotune import typical
-from picospec.tools.autotune.cost_model import SAME_STATE, off_by
 from picospec.tools.autotune.costs import TIMED_ROWS, auto_policy, kept_as
 from picospec.tools.cli import options
-from picospec.tools.jit_cache import forget, is_kept
+from picospec.tools.jit_cache import is_kept
 
 
 def make_policy(args, draft, target, prompts):
@@ -42,25 +41,6 @@ def auto_sizes(args, target, prompts) -> tuple[int, Sampling]:
     """What --K auto's costs are timed for, besides the pair and the batch: the cache capacity, the sampling."""
     return (batch_buffers(prompts, args.n_tokens, options.AUTO_K_MAX, target.config)[3],
             checks.sampling(args.temperature, args.top_k, args.top_p))
-
-
-RECHECK_AFTER = 6  # iterations a run needs before its own times judge the kept costs
-
-
-def recheck(args, draft, target, prompts, policy: Policy, clock) -> str | None:
-    """--K auto's kept costs against this run's iterations, clock [(seconds from the start to the end of
-    each, k drafted)] (cost_model.off_by): taken in another state of the machine, they are forgotten, timed
-    again by the next run, and the note returned says so; None when they agree (or none were kept)."""
-    if args.K != "auto" or len(clock) < RECHECK_AFTER:
-        return None
-    off = off_by([(t - before, k) for (before, _), (t, k) in zip([(0.0, 0)] + clock, clock)],
-                 np.asarray(policy.v) / 1e3)
-    capacity, sampling = auto_sizes(args, target, prompts)
-    if 1 / SAME_STATE <= off <= SAME_STATE or not forget(
-            kept_as(draft, target, options.AUTO_K_MAX, capacity, sampling, min(len(prompts), TIMED_ROWS), True)):
-        return None
-    return (f"this run's iterations took {off:.2g}x the time --K auto's kept costs give: they were timed in "
-            "another state of this machine (a slow spell, another busy program), and will be timed again next run")
 
 
 def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:

@@ -75,13 +75,3 @@ def never_less(v: list) -> list:
             (a, m), (b, n) = blocks.pop(-2), blocks.pop()
             blocks.append([(a * m + b * n) / (m + n), m + n])
     return [mean for mean, count in blocks for _ in range(count)]
-
-
-SAME_STATE = 1.5  # a run's iterations within this factor of what its kept timing gives: the same state
-
-
-def off_by(iterations: list, v) -> float:
-    """How many times what the timing v [K+1] (seconds) gives the run's own iterations [(seconds, k)]
-    took: the median of each one's time over v(k), the first left out (it meets what starting up leaves)."""
-    ratios = [seconds / v[k] for seconds, k in iterations[1:]]
-    return float(np.median(ratios)) if ratios else 1.0

@@ -25,7 +25,7 @@ from picospec.tools.checkpoints.weights import (
     load_model,
     load_tokenizer,
 )
-from picospec.tools.cli.flags import command, parse_args
+from picospec.tools.cli.flags import parse_args
 from picospec.tools.cli.options import (
     K_max,
     describe,
@@ -37,7 +37,6 @@ from picospec.tools.cli.options import (
 from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
-from picospec.tools.early import start_loading
 from picospec.tools.jit_cache import use_persistent_cache
 
 
@@ -71,7 +70,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
                     args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
-    steps, records, text, clock = [[] for _ in range(B)], [None] * B, "", []
+    steps, records, text = [[] for _ in range(B)], [None] * B, ""
     if out and B == 1:
         out.write(texts[0])
     policy = autotune.make_policy(args, draft, target, prompts) if mode == "speculative" else None
@@ -79,8 +78,6 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
                             tree=args.shape, children=args.children):
-        if ran := [step for step in iteration if step is not None]:  # the iteration's end, and the batch's k
-            clock.append((ran[0].seconds, max(step.k for step in ran)))
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -100,9 +97,6 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
-    note = autotune.recheck(args, draft, target, prompts, policy, clock) if policy is not None else None
-    if note:  # the kept costs were timed in another state of the machine
-        print(f"picospec: note: {note}", file=sys.stderr)
     if args.plot and mode == "speculative":
         for b, row in enumerate(steps):
             path = args.plot if B == 1 else str(Path(args.plot).with_stem(f"{Path(args.plot).stem}-{b + 1}"))
@@ -126,7 +120,6 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         device = describe(use_platform(args.platform))
         use_persistent_cache()  # a second run of the same command compiles nothing
-        start_loading(command(args))  # and finds what it runs compiled already
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)
@@ -174,9 +167,8 @@ def main(argv=None) -> int:
 def command_line():
     """The `picospec` command: main(), then out at once. Python's own shutdown after JAX (tearing down its
     runtime and every module) takes 0.15-0.25 s on 2 cores, longer than a repeated run's whole decode on
-    the bundled pair. By then the run has written and closed all it keeps (the saved programs, costs.json,
-    a --plot); only a background load of a program the run did not need may still be going. So the
-    command flushes its output and leaves without that shutdown. main() itself returns, for callers in
+    the bundled pair. By then the run has written and closed all it keeps (JAX's compiled code, costs.json,
+    a --plot). So the command flushes its output and leaves without that shutdown. main() itself returns, for callers in
     Python. A reader that stops reading (`picospec ... | head`) ends the command as it ends any Unix
     tool, quietly, with the exit status of a broken pipe (128 + SIGPIPE)."""
     try:

@@ -55,10 +55,3 @@ def parse_args(argv):
 
 def _fail(message):
     raise PicospecError(message)
-
-
-def command(args) -> str:
-    """The run's flags less the prompts, the seed and the output's form: runs that differ only in those
-    run the same programs (but for the prompts' lengths), so a repeated command loads them early."""
-    skip = {"prompt", "prompt_file", "seed", "json", "plot"}
-    return " ".join(f"{key}={value}" for key, value in sorted(vars(args).items()) if key not in skip)

@@ -27,7 +27,6 @@ from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.autotune.costs import warm
 from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
-from picospec.tools.early import settle
 from picospec.tools.memory import check_memory, compiled_need
 from picospec.tools.programs import compiled
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
@@ -40,10 +39,10 @@ class Timing:
 
 
 def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
-    """`fn` compiled for these arguments (programs.py: loaded as exported by an earlier run, or traced
-    now), refused if B rows of it would not fit in memory, and (warm) run once (on copies of the donated
-    ones); returns (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program
-    on its first run (tens of ms on the bundled pair): that is start-up, counted with compiling."""
+    """`fn` compiled for these arguments (programs.py), refused if B rows of it would not fit in memory,
+    and (warm) run once (on copies of the donated ones); returns (compiled, seconds it took). XLA:CPU's
+    kernel library finishes preparing a program on its first run (tens of ms on the bundled pair): that
+    is start-up, counted with compiling."""
     t0 = time.perf_counter()
     names = list(inspect.signature(fn).parameters)
     donated = tuple(i for i in range(len(args)) if names[i] in donate)
@@ -57,7 +56,7 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
     return program, time.perf_counter() - t0
 
 
-def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved program: a repeated run traces nothing
+def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, compiled once a process (programs.py)
     return compiled(prior_stops, (policy,), {"B": B})(policy)
 
 
@@ -135,7 +134,6 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         begin, begin_options = batch_start, dict(K=K, **sizes)
     init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
                            warm=len(prompts) * prefill_len <= WARM_TOKENS)
-    s1 += settle()  # nothing compiles in the background while the clock runs
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0

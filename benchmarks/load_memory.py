@@ -1,4 +1,4 @@
-"""`python -m picospec.tools.bench.load_memory [MODEL ...]`: the peak resident memory of loading a checkpoint,
+"""`python benchmarks/load_memory.py [MODEL ...]`: the peak resident memory of loading a checkpoint,
 as a multiple of its weights' bytes, float32 and bfloat16, each in a fresh child process.
 
 Loading must never hold a second full copy of the weights: the promise is a peak below 1.3x. The
@@ -34,11 +34,11 @@ def peak_ratio(model: str, dtype: str) -> tuple[float, int]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench.load_memory",
+    parser = argparse.ArgumentParser(prog="python benchmarks/load_memory.py",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", default=["gpt2-xl"])
     args = parser.parse_args(argv)
-    from picospec.tools.bench.gpt2_shapes import (
+    from gpt2_shapes import (
         resolve,  # the real checkpoint if cached, else a random one of its shape
     )
     for name in args.models:

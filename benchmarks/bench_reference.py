@@ -5,7 +5,7 @@ reach the device picospec runs on (a race of unlike with unlike says nothing).""
 
 import jax
 
-from picospec.tools.bench.timing import race
+from picospec.tools.timing import race
 
 
 def torch_device() -> str | None:

@@ -1,4 +1,4 @@
-"""`python -m picospec.tools.bench`: picospec against what a user would pick instead, in one run.
+"""`python benchmarks/bench.py`: picospec against what a user would pick instead, in one run.
 
 Measures, on one machine and in one process (warm-up and compile time excluded, reported apart):
   a. greedy decode ms/token, picospec and transformers (PyTorch, use_cache=True, same threads);
@@ -22,18 +22,18 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from bench_batch import batch_report
+from bench_reference import torch_device, transformers_assisted, transformers_decode
+from bench_report import cpu_name, markdown
+from gpt2_shapes import resolve
 
 from picospec.autoregressive import buffers
 from picospec.beyond import theory
 from picospec.beyond.ngram import NGramDraft
 from picospec.gpt2 import Model
-from picospec.tools.bench.batch import batch_report
-from picospec.tools.bench.gpt2_shapes import resolve
-from picospec.tools.bench.reference import torch_device, transformers_assisted, transformers_decode
-from picospec.tools.bench.report import cpu_name, markdown
-from picospec.tools.bench.timing import forward_times, race, startup_times, stream_1GiB
 from picospec.tools.checkpoints.weights import checkpoint_file, load_model, load_tokenizer
 from picospec.tools.samplers import autoregressive_sample, speculative_sample
+from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
 
 GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
 # jaymody/speculative-sampling's published run: GPT-2 124M drafting for 1558M, K = 4, greedy, 40 tokens,
@@ -143,7 +143,7 @@ def decode_report(name: str, prompt, with_transformers, dtype: str, n=32) -> dic
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m picospec.tools.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__.split("\n")[0])
     parser.add_argument("--decode", default="gpt2,gpt2-xl", help="models for decode ms/token (comma list)")
     parser.add_argument("--pairs", default="tiny-draft:tiny-target,ngram:tiny-target,gpt2:gpt2-xl",
                         help="DRAFT:TARGET pairs; DRAFT ngram is the n-gram lookup on an input-grounded prompt")

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 from picospec.beyond import theory
 from picospec.gpt2 import Model, forward, init_cache
-from picospec.tools.bench.timing import race
 from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
+from picospec.tools.timing import race
 
 
 def ragged_prompts(B: int) -> list[list[int]]:
@@ -44,7 +44,7 @@ def batched_forward_time(model: Model, B: int, T: int, calls=8) -> float:
 
 def batch_report(name: str, draft: Model, target: Model, folders, K: int, n: int, Bs, with_transformers) -> dict:
     """Throughput (tokens/s) and latency (s for the whole batch) for each B; speedups; v_B(K)."""
-    from picospec.tools.bench.reference import transformers_batch_generate
+    from bench_reference import transformers_batch_generate
     rows = []
     for B in Bs:
         prompts, keys = ragged_prompts(B), jax.random.split(jax.random.key(0), B)

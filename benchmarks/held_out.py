@@ -1,0 +1,101 @@
+"""`--K auto` through the CLI, on held-out prompts it was never tuned on, against autoregressive
+decoding and every fixed K.
+
+    python benchmarks/held_out.py                          # B = 1, 4, 8; T = 0, 0.8; 64 tokens; 3 rounds
+    python benchmarks/held_out.py --half tune --batches 4   # the half a policy may be tuned on
+
+The bundled held-out file is split in two: its first half to tune on, its second half to report (the
+default). Round r takes the half's verses from r * B on, their first 3 to 6 words as B prompts, and runs
+every contender on them, each a fresh `picospec` process as a user runs it, in a shuffled order:
+autoregressive decoding twice (their ratio is the row's noise floor), fixed K = 1..7, and --K auto
+(with its costs timed and kept before the first round). A contender's figure is the CLI's own tokens/s
+(compiling left out); a ratio is the median over the rounds of the ratios within each round (both
+contenders meet the same spell of a shared machine). The best fixed K is the one with the highest
+median ratio to autoregressive decoding.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from bench_report import cpu_name
+
+from picospec.tools.checkpoints.weights import BUNDLED_DIR
+
+PAIR = ["--draft", "tiny-draft", "--target", "tiny-target"]
+
+
+def prompts(half: str, first: int, B: int) -> list[str]:
+    lines = (BUNDLED_DIR / "heldout_sample.txt").read_text().splitlines()
+    mine = lines[:len(lines) // 2] if half == "tune" else lines[len(lines) // 2:]
+    return [" ".join(mine[(first + b) % len(mine)].split()[:3 + (first + b) % 4]) for b in range(B)]
+
+
+def cli(flags: list[str], prompt_file: str, extra: list[str]) -> dict:
+    """The CLI's figures for one run: its stats, and auto's decisions where it reports them."""
+    out = subprocess.run([sys.executable, "-m", "picospec", *PAIR, "--prompt-file", prompt_file, "--json", *flags,
+                          *extra], capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1])
+    last = json.loads(out.stdout.splitlines()[-1])
+    mode = "autoregressive" if "autoregressive" in flags else "speculative"
+    return last["summary"][mode] if "summary" in last else last["stats"]
+
+
+def race(B: int, T: float, args) -> dict:
+    contenders = {"autoregressive": ["--mode", "autoregressive"], "autoregressive again": ["--mode", "autoregressive"]}
+    contenders |= {f"K = {K}": ["--K", str(K)] for K in range(1, 8)} | {"auto": ["--K", "auto"]}
+    sampled = [] if T == 0 else ["--temperature", str(T), "--top-k", "20", "--top-p", "0.9"]
+    rng, speeds, k_auto = np.random.default_rng(B), {name: [] for name in contenders}, []
+    with tempfile.TemporaryDirectory() as folder:
+        for r in range(args.rounds):
+            file = Path(folder) / f"round{r}.txt"
+            file.write_text("\n".join(prompts(args.half, r * B, B)) + "\n")
+            extra = ["--n-tokens", str(args.n_tokens), "--seed", str(r), *sampled]
+            if r == 0:  # compile every program, and time auto's costs, before the first round
+                for flags in contenders.values():
+                    cli(flags, str(file), extra)
+            for name in rng.permutation(list(contenders)):
+                stats = cli(contenders[name], str(file), extra)
+                speeds[name].append(stats["tokens_per_second"])
+                if name == "auto":
+                    k_auto.append(stats.get("k_mean", float("nan")))
+    ratio = {name: statistics.median(np.divide(s, speeds["autoregressive"])) for name, s in speeds.items()}
+    best = max((n for n in contenders if n.startswith("K =")), key=ratio.get)
+    auto_best = statistics.median(np.divide(speeds["auto"], speeds[best]))
+    return dict(B=B, T=T, tokens_per_s={n: statistics.median(s) for n, s in speeds.items()}, ratio=ratio,
+                best=best, auto_over_best=auto_best, floor=ratio["autoregressive again"], auto_k=k_auto)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--half", choices=["tune", "report"], default="report")
+    parser.add_argument("--batches", default="1,4,8")
+    parser.add_argument("--temperatures", default="0,0.8")
+    parser.add_argument("--n-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default="held_out.json")
+    args = parser.parse_args(argv)
+    print(f"Machine: {cpu_name()}; bundled pair; the {args.half} half; {args.n_tokens} tokens a row; "
+          f"median of {args.rounds} interleaved rounds\n")
+    print("| B | T | autoregressive tok/s | auto / autoregressive | best fixed K | auto / best fixed K | "
+          "autoregressive / itself |\n|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for T in [float(t) for t in args.temperatures.split(",")]:
+        for B in [int(b) for b in args.batches.split(",")]:
+            row = race(B, T, args)
+            rows.append(row)
+            print(f"| {B} | {T:g} | {row['tokens_per_s']['autoregressive']:.0f} | {row['ratio']['auto']:.2f} | "
+                  f"{row['best']}: {row['ratio'][row['best']]:.2f} | {row['auto_over_best']:.2f} | "
+                  f"{row['floor']:.2f} |", flush=True)
+    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

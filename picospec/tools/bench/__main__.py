@@ -1,3 +1,0 @@
-from picospec.tools.bench import main
-
-main()
