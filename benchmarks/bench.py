@@ -26,6 +26,7 @@ from bench_batch import batch_report
 from bench_reference import torch_device, transformers_assisted, transformers_decode
 from bench_report import cpu_name, markdown
 from gpt2_shapes import resolve
+from timing import forward_times, race, startup_times, stream_1GiB
 
 from picospec.autoregressive import buffers
 from picospec.beyond import theory
@@ -33,7 +34,6 @@ from picospec.beyond.ngram import NGramDraft
 from picospec.gpt2 import Model
 from picospec.tools.checkpoints.weights import checkpoint_file, load_model, load_tokenizer
 from picospec.tools.samplers import autoregressive_sample, speculative_sample
-from picospec.tools.timing import forward_times, race, startup_times, stream_1GiB
 
 GROUNDED = "In the beginning God created the heaven and the earth. In the beginning God"  # text that repeats
 # jaymody/speculative-sampling's published run: GPT-2 124M drafting for 1558M, K = 4, greedy, 40 tokens,

@@ -11,11 +11,11 @@ batch itself, and v_B(K) (and so the iteration's cost) rises towards K + 1.
 
 import jax
 import jax.numpy as jnp
+from timing import race
 
 from picospec.beyond import theory
 from picospec.gpt2 import Model, forward, init_cache
 from picospec.tools.samplers import autoregressive_sample_batch, speculative_sample_batch
-from picospec.tools.timing import race
 
 
 def ragged_prompts(B: int) -> list[list[int]]:

@@ -4,8 +4,7 @@ does. Each function returns None when torch or transformers is not installed, or
 reach the device picospec runs on (a race of unlike with unlike says nothing)."""
 
 import jax
-
-from picospec.tools.timing import race
+from timing import race
 
 
 def torch_device() -> str | None:

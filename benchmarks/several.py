@@ -18,12 +18,12 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_report import cpu_name
+from timing import forward_times
 
 import picospec
 from picospec import Sampling
 from picospec.beyond import theory
 from picospec.sampling import logits_to_probs
-from picospec.tools.timing import forward_times
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
 HELDOUT = Path(__file__).parent.parent / "weights" / "heldout_sample.txt"

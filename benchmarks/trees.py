@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_report import cpu_name
+from timing import forward_times
 
 import picospec
 from picospec import Sampling
@@ -39,7 +40,6 @@ from picospec.beyond.tree import Shape, branches, feed
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import logits_to_probs
 from picospec.tools.autotune.costs import race_laps
-from picospec.tools.timing import forward_times
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402

@@ -76,7 +76,7 @@ print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2
 # %% [markdown]
 # ## Measuring c and v(K)
 #
-# `picospec.tools.timing.forward_times` times forward calls the benchmark's way: many calls in one
+# `forward_times` (benchmarks/timing.py) times forward calls the benchmark's way: many calls in one
 # compiled loop, so no Python dispatch is counted, and all of them raced in turn, so that a slow spell
 # on a shared machine slows both sides of a ratio alike. Attention reads every slot of the cache, so
 # the caches have the capacity the sampling runs below use.
@@ -86,11 +86,15 @@ print(f"a call of T tokens: about 2·T·{n_params / 1e6:.1f} M operations, so {2
 # arithmetic). Then v(K) ≈ (a + b·(K + 1)) / (a + b): the smaller b is beside a, the flatter v.
 
 # %%
+import sys
+
 import matplotlib.pyplot as plt
 
 from picospec.autoregressive import buffers
 from picospec.beyond import theory
-from picospec.tools.timing import forward_times, race
+
+sys.path.append("../benchmarks")  # the benchmarks' timing helpers
+from timing import forward_times, race  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 110, "legend.fontsize": 9})
 

@@ -25,11 +25,14 @@ def test_a_second_run_of_the_same_command_compiles_nothing(tmp_path):
     def run():
         out = subprocess.run([sys.executable, "-m", "picospec", *TINY], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        return out.stdout, sorted(os.listdir(folder))  # the command leaves with os._exit, after writing them
+        assert "rebuilding" not in out.stderr  # every file the last run kept is whole (the command leaves
+        # with os._exit, after writing them)
+        return out.stdout, sorted(os.listdir(folder)) + sorted(os.listdir(folder / "programs"))
 
     text_cold, entries_cold = run()
-    assert sum(name.startswith("jit_") for name in entries_cold) >= 2  # the start and the iteration, kept by JAX
+    assert sum(name.endswith(".jaxexport") for name in entries_cold) == 2  # the start and the iteration, exported
+    assert sum(name.startswith("jit_call") for name in entries_cold) >= 2  # and compiled, kept in JAX's cache
     text_warm, entries_warm = run()
-    assert entries_warm == entries_cold  # nothing new was compiled, so nothing new was stored
+    assert entries_warm == entries_cold  # nothing new was traced or compiled, so nothing new was stored
     assert os.listdir(tmp_path) == ["jit"]  # and nothing lands outside the folder the user named
     assert text_warm == text_cold

@@ -2,7 +2,7 @@
 (no device needed), and the dtypes where float16 or bfloat16 could go wrong."""
 
 import re
-from collections import OrderedDict
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -92,15 +92,13 @@ def test_sampling_compiles_to_no_loop_on_accelerators():
 
 def test_the_cli_builds_its_programs_for_the_device_chosen_not_for_the_default_backend(monkeypatch):
     """`--platform cpu` on a GPU machine makes the CPU JAX's default device while the default backend
-    stays the GPU: the CLI's programs are built for the device chosen (memory.run_device), and a program
-    built for one device is never reused for another (read on CPU through a stand-in device)."""
-    double = lambda x: 2 * x  # noqa: E731
-    monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())
+    stays the GPU: the CLI's programs must be exported, named and loaded for the device chosen. Read on
+    CPU through a stand-in chosen device whose platform is cuda (exporting for it needs no GPU)."""
     with jax.default_device(jax.devices("cpu")[0]):
         assert memory.run_device() == jax.devices("cpu")[0]
-        assert programs.compiled(double, (jnp.ones(3),), {})(jnp.ones(3)).devices() == {jax.devices("cpu")[0]}
-    programs.compiled(double, (jnp.ones(3),), {})
-    assert len(programs.BUILT_HERE) == 1  # the same device: the same program
-    monkeypatch.setattr(programs, "run_device", lambda: "a stand-in GPU")
-    programs.compiled(double, (jnp.ones(3),), {})
-    assert len(programs.BUILT_HERE) == 2  # another device: another program
+    fn, args = programs.function("picospec.beyond.adaptive:own"), (jnp.zeros(3),)
+    on_cpu = programs.digest(fn, args, {}, ())
+    assert programs.exported(fn, args, {}).platforms == ("cpu",)
+    monkeypatch.setattr(programs, "run_device", lambda: SimpleNamespace(platform="cuda", device_kind="H100"))
+    assert programs.exported(fn, args, {}).platforms == ("cuda",)  # the default backend would give cpu
+    assert programs.digest(fn, args, {}, ()) != on_cpu  # and another file

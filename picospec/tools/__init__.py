@@ -5,7 +5,6 @@
   cli/           the `picospec` command: options, the stream, what it shows
   autotune/      --K auto's costs and prior, made for this machine, pair and batch
   programs.py, jit_cache.py   compiled once a process, and once a machine (JAX's persistent cache)
-  timing.py      racing contenders in turn, and timing forward calls in one compiled loop (the benchmarks')
   train/         `python -m picospec.tools.train`: training the bundled pair
   memory.py, sharding.py   devices: refusing batches that do not fit, splitting them over several
 """
