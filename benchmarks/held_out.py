@@ -11,7 +11,9 @@ autoregressive decoding twice (their ratio is the row's noise floor), fixed K = 
 (with its costs timed and kept before the first round). A contender's figure is the CLI's own tokens/s
 (compiling left out); a ratio is the median over the rounds of the ratios within each round (both
 contenders meet the same spell of a shared machine). The best fixed K is the one with the highest
-median ratio to autoregressive decoding.
+median ratio to autoregressive decoding; chosen on the rounds it is then measured on, the best of seven
+noisy contenders looks faster than it is, so --best-from (a tune-half run's JSON) names, for each row,
+the K that was best there, and auto is weighed against it too.
 """
 
 import argparse
@@ -29,6 +31,7 @@ from bench_report import cpu_name
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 
 PAIR = ["--draft", "tiny-draft", "--target", "tiny-target"]
+EXTRA: dict = {}  # more contenders, {name: flags}, for a caller that races variants
 
 
 def prompts(half: str, first: int, B: int) -> list[str]:
@@ -48,9 +51,9 @@ def cli(flags: list[str], prompt_file: str, extra: list[str]) -> dict:
     return last["summary"][mode] if "summary" in last else last["stats"]
 
 
-def race(B: int, T: float, args) -> dict:
+def race(B: int, T: float, args, chosen: str | None = None) -> dict:
     contenders = {"autoregressive": ["--mode", "autoregressive"], "autoregressive again": ["--mode", "autoregressive"]}
-    contenders |= {f"K = {K}": ["--K", str(K)] for K in range(1, 8)} | {"auto": ["--K", "auto"]}
+    contenders |= {f"K = {K}": ["--K", str(K)] for K in range(1, 8)} | {"auto": ["--K", "auto"]} | EXTRA
     sampled = [] if T == 0 else ["--temperature", str(T), "--top-k", "20", "--top-p", "0.9"]
     rng, speeds, k_auto = np.random.default_rng(B), {name: [] for name in contenders}, []
     with tempfile.TemporaryDirectory() as folder:
@@ -65,12 +68,14 @@ def race(B: int, T: float, args) -> dict:
                 stats = cli(contenders[name], str(file), extra)
                 speeds[name].append(stats["tokens_per_second"])
                 if name == "auto":
-                    k_auto.append(stats.get("k_mean", float("nan")))
+                    k_auto.append(stats.get("K_used", float("nan")))
     ratio = {name: statistics.median(np.divide(s, speeds["autoregressive"])) for name, s in speeds.items()}
     best = max((n for n in contenders if n.startswith("K =")), key=ratio.get)
-    auto_best = statistics.median(np.divide(speeds["auto"], speeds[best]))
+    over_best = {n: statistics.median(np.divide(speeds[n], speeds[best])) for n in contenders if "auto" in n}
+    over_chosen = {n: statistics.median(np.divide(speeds[n], speeds[chosen])) for n in over_best} if chosen else {}
     return dict(B=B, T=T, tokens_per_s={n: statistics.median(s) for n, s in speeds.items()}, ratio=ratio,
-                best=best, auto_over_best=auto_best, floor=ratio["autoregressive again"], auto_k=k_auto)
+                best=best, auto_over_best=over_best["auto"], over_best=over_best, chosen=chosen,
+                over_chosen=over_chosen, floor=ratio["autoregressive again"], auto_k=k_auto, rounds=speeds)
 
 
 def main(argv=None):
@@ -81,19 +86,26 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default="held_out.json")
+    parser.add_argument("--best-from", help="a tune-half run's JSON: each row's best fixed K there")
     args = parser.parse_args(argv)
+    tuned = {(r["B"], r["T"]): r["best"] for r in json.loads(Path(args.best_from).read_text())} \
+        if args.best_from else {}
     print(f"Machine: {cpu_name()}; bundled pair; the {args.half} half; {args.n_tokens} tokens a row; "
           f"median of {args.rounds} interleaved rounds\n")
     print("| B | T | autoregressive tok/s | auto / autoregressive | best fixed K | auto / best fixed K | "
-          "autoregressive / itself |\n|---|---|---|---|---|---|---|", flush=True)
+          "K best on the tune half: auto / it | autoregressive / itself |\n|---|---|---|---|---|---|---|---|",
+          flush=True)
     rows = []
     for T in [float(t) for t in args.temperatures.split(",")]:
         for B in [int(b) for b in args.batches.split(",")]:
-            row = race(B, T, args)
+            row = race(B, T, args, tuned.get((B, T)))
             rows.append(row)
+            chosen = f"{row['chosen']}: {row['over_chosen']['auto']:.2f}" if row["chosen"] else "—"
             print(f"| {B} | {T:g} | {row['tokens_per_s']['autoregressive']:.0f} | {row['ratio']['auto']:.2f} | "
-                  f"{row['best']}: {row['ratio'][row['best']]:.2f} | {row['auto_over_best']:.2f} | "
+                  f"{row['best']}: {row['ratio'][row['best']]:.2f} | {row['auto_over_best']:.2f} | {chosen} | "
                   f"{row['floor']:.2f} |", flush=True)
+            for name in EXTRA:
+                print(f"|   | {name} | | {row['ratio'][name]:.2f} | | {row['over_best'][name]:.2f} | | |", flush=True)
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 

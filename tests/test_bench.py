@@ -152,3 +152,22 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, cap
         K, speedup = row["theory"]["0.8"]["K"], row["theory"]["0.8"]["speedup"]
         assert speedup == pytest.approx(float(theory.walltime_improvement(0.8, K, row["c"], row["v"][str(K)])))
     assert "| float32 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a dozen CLI processes, --K auto's costs timed first
+def test_the_held_out_race_reports_on_the_half_it_was_not_tuned_on(tmp_path, capsys):
+    """benchmarks/held_out.py: the report half's prompts come from the second half of the held-out file
+    only, and one short round through the CLI gives every contender's figures and the noise floor."""
+    import held_out
+
+    from picospec.tools.checkpoints.weights import BUNDLED_DIR
+    lines = (BUNDLED_DIR / "heldout_sample.txt").read_text().splitlines()
+    half = len(lines) // 2
+    for name, mine in (("tune", lines[:half]), ("report", lines[half:])):
+        assert all(any(line.startswith(p) for line in mine) for p in held_out.prompts(name, 0, half))
+    held_out.main(["--batches", "2", "--temperatures", "0", "--rounds", "1", "--n-tokens", "4",
+                   "--json", str(tmp_path / "race.json")])
+    row, = json.loads((tmp_path / "race.json").read_text())
+    assert set(row["ratio"]) == {"autoregressive", "autoregressive again", "auto", *(f"K = {K}" for K in range(1, 8))}
+    assert row["ratio"]["autoregressive"] == 1.0 and row["best"].startswith("K =") and row["floor"] > 0
+    assert "| 2 | 0 |" in capsys.readouterr().out

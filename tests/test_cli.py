@@ -465,3 +465,17 @@ def test_verify_block_reports_its_rule_and_weights_and_a_bad_rule_is_one_line(ca
     assert record["stats"]["drafts"] == 1 and all(len(s["w"]) == len(s["h"]) == 3 for s in record["steps"])
     code, _, err = run_cli(capsys, *PAIR, "--prompt", "The", "--verify", "blocks")
     assert code == 2 and err.count("\n") == 1 and "invalid choice: 'blocks'" in err
+
+
+def test_auto_says_in_json_what_it_chose_and_why():
+    """--K auto's report: iterations of each k (k = 0 where the target stepped alone), the acceptance seen
+    (accepted over judged: up to and with the first rejection), the prior (alpha, and the judged drafts it
+    counts for in the batch: a row's share times B), the iteration times weighed, and whether it stopped."""
+    policy = Policy(jnp.float32(0), jnp.float32([4.0, 6.0, 7.0]), jnp.float32(0), prior=jnp.float32([3.0, 1.0]))
+    steps = [Step([1, 2, 3], drafted=[1, 2], accepted=2, bonus=True, k=2), Step([4], drafted=[5, 6], accepted=0, k=2),
+             Step([7], drafted=[8], accepted=0, k=1), Step([9], proposed=False)]
+    said = autotune.explain(policy, steps, B=2)
+    assert said["k_chosen"] == {"0": 1, "1": 1, "2": 2} and said["stopped"]
+    assert said["acceptance_seen"] == pytest.approx(2 / 4)  # judged: 2, 1 and 1
+    assert said["prior"] == {"alpha": 0.75, "drafts": 8.0} and said["iteration_ms"] == [4.0, 6.0, 7.0]
+    assert not autotune.explain(policy, steps[:3], B=2)["stopped"]

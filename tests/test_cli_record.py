@@ -62,6 +62,9 @@ def run(name: str) -> list[dict]:
     rows = sorted(lines[:-1], key=lambda r: r["row"]) if len(lines) > 1 else lines
     for r in rows if "auto" in flags else []:  # --K auto: each call its own k
         adds_up(r["stats"], r["steps"])
+        if len(rows) == 1:  # and what --json says it chose is what it did
+            ks = [s["k"] for s in r["steps"]]
+            assert r["stats"]["auto"]["k_chosen"] == {str(k): ks.count(k) for k in sorted(set(ks))}
     return [{"tokens": r["tokens"],
              "steps": [[s.get("drafted", []), s.get("accepted", 0), s.get("k", 0), s.get("bonus", False)]
                        for s in r["steps"]]} for r in rows]

@@ -39,6 +39,7 @@ from picospec.state import SpecState
 from picospec.tools.jit_cache import cache_folder
 from picospec.tools.memory import run_device
 
+
 def name(fn) -> str:  # a function as the digest and the files spell it
     return f"{fn.__module__}:{fn.__qualname__}"
 

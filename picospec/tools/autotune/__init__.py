@@ -65,3 +65,17 @@ def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> 
 
 
 PRIOR_PROMPTS = 256  # the prompts whose positions the prior reads (two forward passes each)
+
+
+def explain(policy: Policy, steps, B: int) -> dict:
+    """What --K auto decided and why, for --json: the k it drafted (iterations of each, all rows), the
+    acceptance it saw (accepted over judged drafts: those up to the first rejection), the prior it started
+    from (alpha and how many judged drafts it counts for, the batch's), and the iteration times it weighed
+    (ms drafting k = 0..K_max on this machine, timed once and kept); stopped: drafting ended for good (k = 0)."""
+    ks = [s.k if s.proposed else 0 for s in steps]
+    judged = sum(min(s.accepted + 1, s.k) for s in steps if s.proposed)
+    prior = np.asarray(policy.prior, np.float64)
+    return {"k_chosen": {str(k): ks.count(k) for k in sorted(set(ks))},
+            "acceptance_seen": sum(s.accepted for s in steps) / judged if judged else None,
+            "prior": {"alpha": float(prior[0] / max(prior.sum(), 1e-9)), "drafts": float(prior.sum() * B)},
+            "iteration_ms": [round(float(v), 4) for v in np.asarray(policy.v)], "stopped": 0 in ks}

@@ -11,9 +11,8 @@ c itself is the costs' least certain part (a difference of laps a few drafts apa
 by 0.1 of v(0) in a slow spell), so rounds are raced until their median c is `settled`.
 
 A timing is kept, and a machine has states: a slow spell of a shared machine (or another busy program)
-slows every iteration 2-3x, and the target's step more than the rest, so that drafting looks cheaper
-than it is once the spell has passed. A run checks the kept timing against its own iterations
-(`off_by`); one taken in another state is timed again.
+slows every iteration 2-3x. The choice of k reads only the ratios of the costs, which a uniform slowdown
+leaves as they are; a run's own times never change them (deleting costs.json has them timed again).
 """
 
 import numpy as np

@@ -95,6 +95,10 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
     stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | {"device": device}
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
+    if mode == "speculative" and args.K == "auto":  # what auto decided, and why
+        stats["auto"] = autotune.explain(policy, [s for row in steps for s in row], B)
+        if B == 1:
+            records[0]["stats"]["auto"] = stats["auto"]
     if out and B > 1:
         print(summary(mode, stats, f" batch of {B}:"), file=sys.stderr)
     if args.plot and mode == "speculative":
