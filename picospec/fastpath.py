@@ -15,7 +15,7 @@ padded to a power of two. XLA folds the transpose back into the slow orientation
 
 `lax.platform_dependent` picks the branch when the program is lowered for a platform, so one jitted
 function carries the CPU form on CPU and the plain form everywhere else (exported for "cuda" or "tpu",
-it holds no barrier and no padding).
+it holds no barrier and no padding). `branch_on_cpu` is the same seam for the loop's run-time branches.
 """
 
 import jax
@@ -35,6 +35,14 @@ def cpu_matmul(x, w):  # [T, in], [out, in] -> [T, out], summed in float32 whate
 
 def matmul(x, w):  # [T, in], [out, in] -> [T, out]: the CPU form on CPU, gpt2.matmul elsewhere
     return jax.lax.platform_dependent(x, w, cpu=cpu_matmul, default=gpt2.matmul)
+
+
+def branch_on_cpu(cpu, elsewhere, *args):
+    """cpu(*args) on the CPU, elsewhere(*args) on GPUs and TPUs (the same result). XLA:CPU runs a branch
+    whose index is computed at run time (lax.cond, lax.switch) in place; XLA:GPU copies the index to the
+    host and waits, which drains its queue of kernel launches. So where a step branches to skip work, the
+    accelerators' form does that work branch-free (tests/round_trips.py counts what is left)."""
+    return jax.lax.platform_dependent(*args, cpu=cpu, default=elsewhere)
 
 
 def fast(model: gpt2.Model) -> gpt2.Model:

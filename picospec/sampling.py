@@ -11,21 +11,30 @@ import jax
 import jax.numpy as jnp
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["temperature", "top_k", "top_p"], meta_fields=["greedy"])
+@partial(jax.tree_util.register_dataclass, data_fields=["temperature", "top_k", "top_p"],
+         meta_fields=["greedy", "cuts_k", "cuts_p"])
 @dataclass(frozen=True)
 class Sampling:
     """How logits become a distribution: temperature, then top-k, then top-p. Under jit the three
     numbers are traced, so a new temperature, top-k or top-p runs the program already compiled;
-    only `greedy` (temperature 0: an exact argmax) is static."""
+    only whether each applies is static: `greedy` (temperature 0: an exact argmax), `cuts_k` (top-k
+    on) and `cuts_p` (top-p on). So the compiled program never branches on a value at run time (on a
+    GPU such a branch waits for the host to read it)."""
 
     temperature: float = 1.0  # 0 means argmax exactly: a one-hot distribution
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     top_p: float = 1.0  # then keep the fewest most likely tokens whose mass reaches top_p
     greedy: bool | None = None  # temperature == 0; set when made (jax rebuilds it with the traced numbers)
+    cuts_k: bool | None = None  # top_k > 0, likewise
+    cuts_p: bool | None = None  # top_p < 1, likewise
 
     def __post_init__(self):
         if self.greedy is None:
             object.__setattr__(self, "greedy", self.temperature == 0)
+        if self.cuts_k is None:
+            object.__setattr__(self, "cuts_k", self.top_k > 0)
+        if self.cuts_p is None:
+            object.__setattr__(self, "cuts_p", self.top_p < 1)
 
 
 @jax.jit  # compiled once when called on its own; inside another jitted function, inlined
@@ -33,9 +42,10 @@ def logits_to_probs(logits, sampling: Sampling):  # [..., V] -> [..., V]
     if sampling.greedy:
         return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
     logits = logits / sampling.temperature
-    logits = jax.lax.cond(sampling.top_k > 0, keep_top_k, lambda logits, k: logits, logits, sampling.top_k)
+    if sampling.cuts_k:
+        logits = keep_top_k(logits, sampling.top_k)
     probs = jax.nn.softmax(logits, axis=-1)
-    return jax.lax.cond(sampling.top_p < 1, keep_top_p, lambda probs, p: probs, probs, sampling.top_p)
+    return keep_top_p(probs, sampling.top_p) if sampling.cuts_p else probs
 
 
 def keep_top_k(logits, k):  # [..., V], int32 [] k >= 1 -> [..., V]: the k largest (and ties with the k-th)

@@ -116,7 +116,9 @@ def test_numpy_integers_are_whole_numbers_for_top_k():
 
 
 def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):
-    """temperature, top-k and top-p are traced values; only greedy (temperature 0) is a static switch."""
+    """temperature, top-k and top-p are traced values; only whether each applies is static: greedy
+    (temperature 0), top-k on (> 0), top-p on (< 1). A run-time branch on them would make every draft step
+    wait for the host on a GPU (tests/test_round_trips.py)."""
     target = random_model(vocab_size=12)
     draft = random_model(seed=1, n_layer=1, vocab_size=12)
     key = jax.random.key(0)
@@ -125,15 +127,17 @@ def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):
         picospec.speculative_sample(draft, target, [1, 2], 6, key, K=3, **kw)[0].block_until_ready()
         picospec.autoregressive_sample(target, [1, 2], 6, key, **kw).block_until_ready()
 
-    run(temperature=0.8)
+    run(temperature=0.8, top_k=3, top_p=0.8)
     before = compiles.count
-    for kw in (dict(temperature=0.5), dict(temperature=1), dict(temperature=0.9, top_k=3),
-               dict(temperature=0.9, top_p=0.8), dict(temperature=2.0, top_k=5, top_p=0.5)):
+    for kw in (dict(temperature=0.5, top_k=5, top_p=0.5), dict(temperature=1, top_k=2, top_p=0.9),
+               dict(temperature=2.0, top_k=7, top_p=0.3)):
         run(**kw)
     assert compiles.count == before
-    # The control: the counter does see a compile, for greedy sampling (a static switch).
-    run(temperature=0)
-    assert compiles.count > before
+    # The controls: the counter does see a compile for each static switch.
+    for kw in (dict(temperature=0.8, top_p=0.8), dict(temperature=0.8, top_k=3), dict(temperature=0)):
+        run(**kw)
+        assert compiles.count > before
+        before = compiles.count
 
 
 def test_traced_top_k_and_top_p_match_the_definition_under_jit():

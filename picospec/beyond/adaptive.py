@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from picospec.beyond.loop import ModelDraft, Proposal, Trace, Verdict, speculative_step
 from picospec.beyond.policy import Policy, choose_k, evidence
 from picospec.beyond.score_first import own, score_first
+from picospec.fastpath import branch_on_cpu
 from picospec.gpt2 import KVCache, Model, forward
 from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.speculative import catch_up
@@ -125,7 +126,8 @@ def or_target_alone(verify, agree, key_accept, key_extra, drafted, p, q, greedy:
     alone = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(judge))._replace(
         extra=sample(jax.random.split(key_extra)[1], q[0], greedy))
     either = lambda: jax.tree_util.tree_map(lambda mine, its: jnp.where(proposed, mine, its), judge(), alone)  # noqa: E731
-    verdict = jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone)
+    verdict = branch_on_cpu(lambda: jax.lax.cond(agree(proposed.astype(jnp.int32)) > 0, either, lambda: alone),
+                            either)  # elsewhere, judged either way
     beta = jnp.minimum(p, q[:-1]).sum(-1)  # [K]: zero past the last proposed
     return Verdict(**verdict._asdict())._replace(beta=beta)  # a rule of Part I's gives Part I's Verdict
 

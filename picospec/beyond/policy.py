@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from picospec.beyond.loop import Trace
 from picospec.beyond.score_first import own
+from picospec.fastpath import branch_on_cpu
 
 EVIDENCE_TO_STOP = 64  # judged drafts (a batch: all its rows') after which k = 0 may be chosen whatever a look
 # would tell; before, once no look pays (worth_a_look) or drafting is hopeless
@@ -96,8 +97,9 @@ def choose_k(policy: Policy, successes, failures, pool=own, made=0.0, first=Fals
     to_go = jnp.where(jnp.isinf(policy.horizon), 1.0, jnp.maximum(policy.horizon - made, 1.0))  # this row's tokens
     done_in = slowest(to_go * time_per_token(policy, moments, B, policy.horizon))  # [K+1]: when the batch is done
     best, drafting = jnp.argmin(done_in), 1 + jnp.argmin(done_in[1:])
-    stop = jax.lax.cond(best == 0, lambda: may_stop(policy, *pooled, B, policy.horizon - pool(made) / B, first),
-                        lambda: jnp.array(False))  # asked only then
+    ask = lambda: may_stop(policy, *pooled, B, policy.horizon - pool(made) / B, first)  # noqa: E731
+    stop = branch_on_cpu(lambda: jax.lax.cond(best == 0, ask, lambda: jnp.array(False)),  # asked only then
+                         lambda: (best == 0) & ask())  # on an accelerator, asked branch-free
     return jnp.where((best > 0) | stop, best, drafting).astype(jnp.int32)
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.beyond.loop import Proposal
+from picospec.fastpath import branch_on_cpu
 from picospec.gpt2 import KVCache, Model, precision, transformer
 from picospec.sampling import Sampling, logits_to_probs
 
@@ -75,6 +76,7 @@ def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sa
 
     sizes = score_sizes(K, least)
     branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 positions
-    q, keys, values = jax.lax.switch(branch, [first(size) for size in sizes], cache)  # [K+1, V], ...
+    q, keys, values = branch_on_cpu(lambda cache: jax.lax.switch(branch, [first(size) for size in sizes], cache),
+                                    first(sizes[-1]), cache)  # [K+1, V], ...: elsewhere, all K + 1 scored
     q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
     return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps

@@ -20,8 +20,17 @@ import numpy as np
 
 from picospec.autoregressive import autoregressive_start, autoregressive_step
 from picospec.beyond.adaptive import AdaptiveDraft
-from picospec.beyond.batch import batch_buffers, batch_drafting, batch_start, batch_step, in_batch, unfinished
+from picospec.beyond.batch import (
+    batch_buffers,
+    batch_drafting,
+    batch_start,
+    batch_step,
+    in_batch,
+    keep_finished,
+    unfinished,
+)
 from picospec.beyond.loop import target_alone
+from picospec.fastpath import branch_on_cpu
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
@@ -98,8 +107,10 @@ def autoregressive_iteration(model, state, n_end, sampling, eos_id):
 
 def skip_when_finished(active, step, state):
     """step(state), or nothing at all once every row is finished: the stream dispatches one
-    iteration ahead of what it has read, and the last of those finds nothing to do."""
-    return jax.lax.cond(jnp.any(active), step, lambda s: s, state)
+    iteration ahead of what it has read, and the last of those finds nothing to do. (On an accelerator it
+    runs the step all the same, branch-free, and keeps every row that was not active as it was.)"""
+    return branch_on_cpu(lambda state: jax.lax.cond(jnp.any(active), step, lambda s: s, state),
+                         lambda state: keep_finished(active, step(state), state), state)
 
 
 WARM_TOKENS = 4096  # a larger prefill is not run first to warm it: there it would cost more than it spares
