@@ -25,6 +25,7 @@
 # `tests/test_zoo.py` has eleven of them, each caught by a test of the suite.
 
 # %%
+import dataclasses
 import os
 from unittest import mock
 
@@ -91,7 +92,7 @@ def equality_accepts(key_accept, key_extra, drafted, p, q, greedy=False):
 
 
 def draft_at_temperature_1(draft, tokens, n, cache, key, K, sampling):
-    proposal = original_propose(draft, tokens, n, cache, key, K, Sampling(1.0, sampling.top_k, sampling.top_p))
+    proposal = original_propose(draft, tokens, n, cache, key, K, dataclasses.replace(sampling, temperature=1.0))
     p = proposal.p ** (1 / sampling.temperature)  # the p at TEMPERATURE the rule is told about
     return proposal._replace(p=p / p.sum(-1, keepdims=True))
 
