@@ -51,8 +51,8 @@ CHUNK = 64  # prompts a call at most: [64, L, V] at a time
 
 
 def law(model: Model, prompts, sampling: Sampling) -> list[np.ndarray]:
-    """[len(prompt), V] for each prompt: the model's law after each of its tokens, from one program
-    (programs.py) that runs the prompts of one padded length (a power of
+    """[len(prompt), V] for each prompt: the model's law after each of its tokens, from a saved program
+    (programs.py: a repeated run traces nothing) that runs the prompts of one padded length (a power of
     two; causal attention leaves the rows of a prompt's own tokens as they are) one after another in one
     call, CHUNK at most, each exactly as a call of its own would."""
     out = [None] * len(prompts)

@@ -48,10 +48,10 @@ class Timing:
 
 
 def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
-    """`fn` compiled for these arguments (programs.py), refused if B rows of it would not fit in memory,
-    and (warm) run once (on copies of the donated ones); returns (compiled, seconds it took). XLA:CPU's
-    kernel library finishes preparing a program on its first run (tens of ms on the bundled pair): that
-    is start-up, counted with compiling."""
+    """`fn` compiled for these arguments (programs.py: exported by an earlier run, or traced now), refused
+    if B rows of it would not fit in memory, and (warm) run once (on copies of the donated ones); returns
+    (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program on its first run
+    (tens of ms on the bundled pair): that is start-up, counted with compiling."""
     t0 = time.perf_counter()
     names = list(inspect.signature(fn).parameters)
     donated = tuple(i for i in range(len(args)) if names[i] in donate)
@@ -65,7 +65,7 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
     return program, time.perf_counter() - t0
 
 
-def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, compiled once a process (programs.py)
+def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved program: a repeated run traces nothing
     return compiled(prior_stops, (policy,), {"B": B})(policy)
 
 
