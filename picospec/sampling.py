@@ -39,8 +39,9 @@ class Sampling:
 
 @jax.jit  # compiled once when called on its own; inside another jitted function, inlined
 def logits_to_probs(logits, sampling: Sampling):  # [..., V] -> [..., V]
-    if sampling.greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
+    if sampling.greedy:  # one-hot; a row holding NaN or Inf stays NaN, as softmax below leaves it
+        one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
+        return jnp.where(jnp.isfinite(logits).all(axis=-1, keepdims=True), one_hot, jnp.nan)
     logits = logits / sampling.temperature
     if sampling.cuts_k:
         logits = keep_top_k(logits, sampling.top_k)

@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 
+import jax
 import numpy as np
 import pytest
 from conftest import DATA, random_model
@@ -66,6 +67,39 @@ def test_a_float16_model_whose_activations_overflow_says_so(capsys, tmp_path):
     with pytest.raises(PicospecError, match="overflows float16 .* use --dtype bfloat16 or float32"):
         picospec.load_model(str(tmp_path), dtype="float16")
     assert np.isfinite(picospec.logits(picospec.load_model(str(tmp_path)), [1, 2, 3])).all()  # the control
+
+
+def overflow_past_position_40(tensors):
+    """Weights that fit in float16, and pass the load-time probe (positions 0..31): from position 40 on the
+    residual stream passes 65504 (60000 from the position embedding, 10000 from the first MLP's bias)."""
+    tensors["wpe.weight"][40:, 0] = 6e4
+    tensors["h.0.mlp.c_proj.bias"][0] = 1e4
+
+
+def test_a_float16_model_that_overflows_mid_generation_is_refused_after_the_loop(capsys, tmp_path):
+    target = edited_target(tmp_path, overflow_past_position_40)
+    run = ["--draft", str(DATA / "tiny-prefixed"), "--target", target, "--prompt", "a b c", "--n-tokens", "50",
+           "--temperature", "0", "--json"]
+    err = one_line_exit_2(capsys, *run, "--dtype", "float16")
+    assert f"{target} (the target) computed NaN or Inf logits with --dtype float16: use --dtype bfloat16" in err
+    assert cli.main(run + ["--dtype", "float32"]) == 0  # the control: float32 holds the same weights
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])  # greedy's one-hot rows carry the NaN too
+def test_the_entry_points_name_the_model_that_overflowed(tmp_path, temperature):
+    from picospec.beyond import loop
+    from picospec.errors import NonFiniteLogits
+    draft = picospec.load_model(edited_target(tmp_path, overflow_past_position_40), dtype="float16")
+    target = picospec.load_model(str(DATA / "tiny-hub"), dtype="float16")
+    key, prompt = jax.random.key(0), [5, 6, 7]
+    with pytest.raises(NonFiniteLogits, match="the draft's logits became NaN or Inf") as refused:
+        picospec.speculative_sample(draft, target, prompt, 50, key, K=4, temperature=temperature)
+    assert refused.value.which == "draft" and refused.value.dtype == "float16"
+    _, trace = loop.speculative_sample(draft, target, prompt, 50, key, K=4, temperature=temperature)
+    assert trace.finite.tolist() == [False, True] and trace.n_steps > 4  # set mid-generation, not at the start
+    _, trace = picospec.speculative_sample(target, target, prompt, 50, key, K=4, temperature=temperature)
+    assert trace.finite.tolist() == [True, True]  # the control: a model that holds
 
 
 def test_a_config_whose_shapes_disagree_with_the_tensors_names_the_tensor(capsys, tmp_path):

@@ -52,13 +52,14 @@ def unfinished(state, n_end):  # [B]: rows still short of n_end tokens and not s
 
 def keep_finished(active, new, old):
     """The batch after a step: rows where active [B] is False keep their tokens, length, key, done
-    and trace count. Everything else takes the step's writes, which for a finished row land where
+    and trace count and flags. Everything else takes the step's writes, which for a finished row land where
     nothing is read: cache slots beyond its length, the trace row past its count."""
     def keep(n, o):  # [B, ...]
         return jnp.where(active.reshape(active.shape + (1,) * (n.ndim - 1)), n, o)
     kept = {name: keep(getattr(new, name), getattr(old, name)) for name in ("tokens", "n", "key", "done")}
     if hasattr(new, "trace"):
-        kept["trace"] = new.trace._replace(n_steps=keep(new.trace.n_steps, old.trace.n_steps))
+        kept["trace"] = new.trace._replace(n_steps=keep(new.trace.n_steps, old.trace.n_steps),
+                                           finite=keep(new.trace.finite, old.trace.finite))
     return new._replace(**kept)
 
 

@@ -5,7 +5,9 @@ changes one piece: the draft (anything with `prefill` and `propose`: ngram.py, a
 steps 3 and 4 (any function like speculative.accept_or_resample returning a Verdict: verifiers.py),
 step 2 (any function like speculative.score: score_first.py), or the whole iteration, built from Part
 I's functions (tree_verify.py, several.py). The trace records what each of them decides as well: the
-drafts proposed k, the block rule's w and h, the chance beta each judged draft had.
+drafts proposed k, the block rule's w and h, the chance beta each judged draft had; and whether every
+row of p and q was finite (a float16 model that overflowed samples garbage: the entry points read the
+flag once, after the loop, and refuse the result).
 A draft that may stop drafting for good says so (`may_stop`, and `stopped(state)`: adaptive.py's k = 0);
 the loop then goes on with the target alone, autoregressive steps on the same state (`target_alone`).
 """
@@ -17,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from picospec import speculative
-from picospec.autoregressive import DecodeState, autoregressive_step, buffers, generated, prefill
-from picospec.gpt2 import KVCache, Model
-from picospec.sampling import Sampling
+from picospec.autoregressive import buffers, generated, prefill
+from picospec.gpt2 import KVCache, Model, forward
+from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.speculative import accept_or_resample, score
 from picospec.state import SpecState
 
@@ -56,6 +58,7 @@ class Trace(NamedTuple):
     h: jax.Array
     beta: jax.Array
     n_steps: jax.Array  # int32 [] iterations run = target forward calls
+    finite: jax.Array  # bool [2]: every row of the draft's p [0] and the target's q [1] so far was finite
 
     @property
     def proposed(self):  # bool [R]: the draft proposed something
@@ -69,7 +72,8 @@ class Trace(NamedTuple):
 def empty_trace(R: int, K: int) -> Trace:
     """Room for R iterations of K drafts."""
     row, rows = jnp.zeros(R, jnp.int32), jnp.zeros((R, K))
-    return Trace(jnp.zeros((R, K), jnp.int32), row, row, row, rows, rows, rows, rows, rows, rows, jnp.int32(0))
+    return Trace(jnp.zeros((R, K), jnp.int32), row, row, row, rows, rows, rows, rows, rows, rows, jnp.int32(0),
+                 jnp.ones(2, bool))
 
 
 class ModelDraft(NamedTuple):
@@ -86,10 +90,15 @@ class ModelDraft(NamedTuple):
         return Proposal(drafted, p, cache, K)
 
 
-def advance(state: SpecState, proposal: Proposal, verdict, target_cache: KVCache, eos_id: int) -> SpecState:
-    """Step 5 (speculative.advance), and the drafts proposed, k, in the trace's row."""
+def advance(state: SpecState, proposal: Proposal, verdict, target_cache: KVCache, eos_id: int, p, q) -> SpecState:
+    """Step 5 (speculative.advance), the drafts proposed, k, in the trace's row, and whether this
+    iteration's p [.., V] and q [.., V] were finite in the trace's flags."""
     state = speculative.advance(state, proposal, verdict, target_cache, eos_id)
-    return state._replace(trace=with_k(state.trace, proposal.k))
+    return state._replace(trace=seen(with_k(state.trace, proposal.k), p, q))
+
+
+def seen(trace: Trace, p, q) -> Trace:  # the flags and'ed with this iteration's: no NaN, no Inf in p, in q
+    return trace._replace(finite=trace.finite & jnp.stack([jnp.isfinite(p).all(), jnp.isfinite(q).all()]))
 
 
 def with_k(trace: Trace, k) -> Trace:  # the latest row's k: the drafts its iteration proposed
@@ -103,18 +112,22 @@ def speculative_step(draft, target: Model, state: SpecState, K: int, sampling: S
     proposal = draft.propose(state, key_draft, K, sampling)  # Step 1
     q, target_cache = score(target, state.tokens, state.n, proposal, state.target_cache, sampling)  # Step 2
     verdict = verify(key_accept, key_extra, proposal.drafted, proposal.p, q, sampling.greedy)  # Steps 3, 4
-    return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id)  # Step 5
+    return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id, proposal.p, q)  # Step 5
 
 
 def target_alone(draft, target: Model, state: SpecState, K: int, sampling: Sampling, eos_id: int, verify=None):
     """The iteration once the draft has stopped for good: one autoregressive step of the target on the
-    same state, recorded as an iteration that drafted nothing (k = 0). The draft's cache stays behind."""
-    after = autoregressive_step(target, DecodeState(state.tokens, state.n, state.target_cache, state.key, state.done),
-                                sampling, eos_id)
+    same state, recorded as an iteration that drafted nothing (k = 0). The draft's cache stays behind.
+    (autoregressive_step's token, with the row q it sampled from kept for the trace's flag.)"""
+    key, key_sample = jax.random.split(state.key)
+    logits, target_cache = forward(target, jax.lax.dynamic_slice(state.tokens, (state.n - 1,), (1,)),
+                                   state.target_cache)  # [1, V]
+    q = logits_to_probs(logits[0], sampling)  # [V]
+    token = sample(key_sample, q, sampling.greedy)
     nothing, zeros = Proposal(jnp.zeros(K, jnp.int32), None, None, jnp.int32(0)), jnp.zeros(K)
-    verdict = Verdict(jnp.int32(0), after.tokens[state.n], zeros, zeros)
-    return state._replace(tokens=after.tokens, n=after.n, target_cache=after.cache, key=after.key, done=after.done,
-                          trace=with_k(speculative.record(state.trace, nothing, verdict), 0))
+    trace = with_k(speculative.record(state.trace, nothing, Verdict(jnp.int32(0), token, zeros, zeros)), 0)
+    return state._replace(tokens=state.tokens.at[state.n].set(token), n=state.n + 1, target_cache=target_cache,
+                          key=key, done=token == eos_id, trace=seen(trace, zeros, q))
 
 
 def drafting(draft, state: SpecState):  # bool []: the draft has not stopped for good

@@ -108,4 +108,4 @@ def tree_step(draft: TreeDraft, target: Model, state, K: int, sampling: Sampling
                       tree.tokens[path[1:]])  # [D]
     kept = Proposal(pad(shown), None, draft_cache, jnp.where(jnp.asarray(shape.expanded)[path[a]], shape.D, a))
     verdict = verdict._replace(p=pad(verdict.p), q=pad(verdict.q))
-    return advance(state._replace(key=key), kept, verdict, keep_path(target_cache, base, path), eos_id)
+    return advance(state._replace(key=key), kept, verdict, keep_path(target_cache, base, path), eos_id, tree.laws, q)

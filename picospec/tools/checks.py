@@ -11,7 +11,7 @@ from picospec.beyond.dynamic import Grown
 from picospec.beyond.several import CHAINS
 from picospec.beyond.tree import CHILDREN, Shape
 from picospec.beyond.verifiers import RULES
-from picospec.errors import PicospecError
+from picospec.errors import NonFiniteLogits, PicospecError
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 
@@ -180,3 +180,13 @@ def keys(value, B: int):
         raise PicospecError(f"give one jax.random key per prompt: {B} keys, e.g. jax.random.split(key, {B}); "
                             f"got {value.dtype} {tuple(value.shape)}")
     return value
+
+
+def finite(trace, draft, target):
+    """Refuse what a loop sampled if a model's logits held NaN or Inf (the trace's `finite` flags,
+    read once, after the loop). Under an outer jax.jit they cannot be read: the trace carries them."""
+    if isinstance(trace.finite, jax.core.Tracer):
+        return
+    for ok, which, model in zip(jnp.reshape(trace.finite, (-1, 2)).all(axis=0), ("draft", "target"), (draft, target)):
+        if not ok:
+            raise NonFiniteLogits(which, jax.tree.leaves(model.params)[0].dtype)

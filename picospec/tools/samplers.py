@@ -123,15 +123,17 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     K, tree = as_tree(K, drafts, tree)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
-    draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
+    pair, (draft, step, verify) = (draft, target), plug_in(draft, target, K, verify, drafts, policy, tree, children)
     if stops_at_once(draft, 1):
         out = autoregressive_sample(target, prompt_tokens, n_tokens, key, temperature=temperature, top_k=top_k,
                                     top_p=top_p, stop_at_eos=stop_at_eos)
         R, eos_id = len(buffers(prompt_tokens, n_tokens, K, target.config)[0]), checks.eos(target, stop_at_eos)
         return out, jax.tree_util.tree_map(lambda x: x[0], stepped_alone(out[None], R, K, eos_id))
-    return loop.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
-                                          temperature=sampling.temperature, top_k=sampling.top_k,
-                                          top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
+    out, trace = loop.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
+                                         temperature=sampling.temperature, top_k=sampling.top_k,
+                                         top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
+    checks.finite(trace, *pair)
+    return out, trace
 
 
 def autoregressive_sample(model: Model, prompt_tokens, n_tokens: int, key, *, temperature=1.0, top_k=0,
@@ -166,7 +168,7 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
-    models = [m for m in (draft, target) if isinstance(m, Model)]
+    models, pair = [m for m in (draft, target) if isinstance(m, Model)], (draft, target)
     draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
     if stops_at_once(draft, len(prompts)):
         out = autoregressive_sample_batch(target, prompts, n_tokens, keys, temperature=temperature, top_k=top_k,
@@ -178,6 +180,7 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
         draft, target, args = place(mesh, draft, target, args)
     out, trace = speculative_batch(draft, target, *args, n_tokens, K, sampling, prefill_len, max_len, eos_id, verify,
                                    step)
+    checks.finite(trace, *pair)
     if out.shape[0] == len(prompts):  # no rows added to fill the devices (place)
         return out, trace
     return out[:len(prompts)], jax.tree_util.tree_map(lambda x: x[:len(prompts)], trace)

@@ -16,7 +16,7 @@ import jax
 
 from picospec.beyond.dynamic import Grown
 from picospec.beyond.ngram import NGramDraft
-from picospec.errors import PicospecError
+from picospec.errors import NonFiniteLogits, PicospecError
 from picospec.tools import autotune, checks
 from picospec.tools.checkpoints.weights import (
     check_tokenizer,
@@ -141,6 +141,10 @@ def main(argv=None) -> int:
             if out and len(modes) > 1 and len(texts) == 1:
                 out.write(f"--- {mode} ---\n")
             results[mode] = run(args, mode, draft, target, tokenizer, texts, prompts, out, device)
+    except NonFiniteLogits as e:  # found after the loop: name the model, and the flag that fixes it
+        print(f"picospec: error: {getattr(args, e.which)} (the {e.which}) computed NaN or Inf logits with --dtype "
+              f"{args.dtype}: use --dtype bfloat16 or float32", file=sys.stderr)
+        return 2
     except PicospecError as e:
         print(f"picospec: error: {e}", file=sys.stderr)
         return 2

@@ -41,8 +41,9 @@ def cut(tokens: list[int], n_left: int, eos_id: int) -> list[int]:
 
 
 def trace_row(trace: Trace, i) -> Trace:
-    """Row i of every field of a Trace (n_steps stays as it is)."""
-    return trace._replace(**{name: getattr(trace, name)[i] for name in Trace._fields if name != "n_steps"})
+    """Row i of every field of a Trace (n_steps and finite, the loop's own, stay as they are)."""
+    return trace._replace(**{name: getattr(trace, name)[i] for name in Trace._fields
+                             if name not in ("n_steps", "finite")})
 
 
 def step_from_row(row: Trace, n_left: int, eos_id: int = -1) -> Step:

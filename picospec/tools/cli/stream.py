@@ -94,6 +94,7 @@ def rows_iteration(one_row, draft, state, n_end, going):
     active = unfinished(state, n_end) & going  # [B]
     state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
     rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
+    rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
     return state, (active, unfinished(state, n_end), rows, batch_drafting(draft, state))
 
 
@@ -123,7 +124,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
     single-prompt call with keys[b] would). policy: a policy.Policy (K is then K_max); drafts: N
     chains a call (several.py); tree, children: a tree.Shape of K nodes and how they are chosen (tree.py)."""
-    timing = timing or Timing()
+    timing, pair = timing or Timing(), (draft, target)
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
         K, tree = as_tree(K, drafts, tree)
@@ -160,6 +161,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         # iteration): the device runs it while the host reads, decodes and prints.
         state, next_report = step(*models, state, n_end, sampling)
         ran, running, rows, *drafting = jax.device_get(report)
+        if draft is not None:  # nothing sampled from a model that overflowed is shown
+            checks.finite(rows, *pair)
         if drafting and not drafting[0] and iteration is speculative_iteration:  # the draft stopped for good
             iteration, options = target_alone_iteration, dict(K=K, eos_id=eos_id)
             step, spent = compile_now(iteration, *models, state, n_end, sampling, donate=("state",),
