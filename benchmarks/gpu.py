@@ -5,7 +5,8 @@ costs against its floor, and what GPT-2 124M -> 1558M's shapes cost there.
     python benchmarks/gpu.py --cpu           # small settings on the CPU: the same code, run by the tests
 
 1. The bundled pair, B = 1 and 4 rows, T = 0 and 0.8 (top-k 20, top-p 0.9 when sampled): tokens/s of
-   autoregressive decoding, fixed K = 2, 4, 7 and --K auto, each contender's median over --rounds
+   autoregressive decoding, fixed K = 2, 4, 7, --K auto and (B = 1) the EAGLE head tiny-head at each fixed
+   K, each contender's median over --rounds
    rounds in which all run in turn on the same prompts and keys. For each fixed K, an iteration's time
    (the run's time over its loop's iterations, prefill included) against its floor: K draft steps and
    one (K+1)-token target call, each timed alone (B rows, a static number of calls in one program,
@@ -85,7 +86,7 @@ def sampling_at(T: float) -> dict:
 def bundled(s: dict, rounds: int, auto: bool) -> list[dict]:
     """Section 1: one row per (B, T) with every contender's tokens/s and each fixed K's iteration cost."""
     draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
-    n, rows = s["n_tokens"], []
+    head, n, rows = picospec.load_head("tiny-head", target), s["n_tokens"], []
     for B in s["batches"]:
         prompts, keys = bundled_prompts(B), jax.random.split(jax.random.key(0), B)
         capacity = batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3]
@@ -101,6 +102,9 @@ def bundled(s: dict, rounds: int, auto: bool) -> list[dict]:
                                                                  **kw)
             runs = {"autoregressive": lambda: picospec.autoregressive_sample_batch(target, prompts, n, keys, **kw)}
             runs |= {f"K={K}": spec(K) for K in s["fixed"]} | ({"auto": spec(AUTO_K_MAX, auto)} if auto else {})
+            if B == 1:  # the EAGLE head, drafting from the target's features
+                runs |= {f"head K={K}": (lambda K: lambda: picospec.speculative_sample_batch(
+                    head, target, prompts, n, keys, K=K, **kw))(K) for K in s["fixed"]}
             runs = {name: (lambda run: lambda: jax.block_until_ready(run()))(run) for name, run in runs.items()}
             traces = {name: run()[1] for name, run in runs.items() if name != "autoregressive"}
             laps, _ = race_laps(rounds, **runs)
@@ -129,7 +133,9 @@ def bundled_row(r: dict, s: dict) -> str:
     costs = "; ".join(f"K={K}: {i['ms']:.3f} / {i['floor_ms']:.3f} = {i['over_floor']:.2f}"
                       for K, i in r["iteration"].items())
     auto_k = f"{r['auto_k']:.2f}" if "auto_k" in r else "—"
-    return f"| {r['B']} | {r['T']} | {ar:.0f} | {speeds} | {auto_k} | {costs} |"
+    head = ", ".join(f"{tps[name]:.0f} ({tps[name] / ar:.2f})" for name in [f"head K={K}" for K in s["fixed"]]
+                     if name in tps) or "—"
+    return f"| {r['B']} | {r['T']} | {ar:.0f} | {speeds} | {auto_k} | {costs} | {head} |"
 
 
 def gpt2_costs(s: dict, rounds: int) -> list[dict]:
@@ -178,8 +184,9 @@ def run(args, s: dict, rounds: int, device) -> dict:
     if args.skip != "bundled":
         print(f"Bundled pair, {s['n_tokens']} tokens a row: tokens/s (over autoregressive); an iteration's ms "
               "against its floor (K draft steps + one K+1-token target call, each alone)\n")
+        ks = ", ".join(map(str, s["fixed"]))
         print("| B | T | autoregressive | " + " | ".join(f"K = {K}" for K in s["fixed"]) + " | auto | auto's k | "
-              "iteration / floor |\n|" + "---|" * (5 + len(s["fixed"])) + "---|", flush=True)
+              f"iteration / floor | tiny-head K = {ks} |\n|" + "---|" * (6 + len(s["fixed"])) + "---|", flush=True)
         report["bundled"] = bundled(s, rounds, not args.no_auto)
     if args.skip != "gpt2":
         print(f"\nGPT-2 shapes, draft {s['draft']} -> target {s['target']}, random weights, B = 1: the target's ms "

@@ -161,6 +161,43 @@ for t, (exact, *_) in zip(temperatures, rows):
           f"predicted from the exact α {theory.expected_tokens_per_call(exact, K):.2f}")
 
 # %% [markdown]
+# ## A draft that reads the target: α by position for an EAGLE head
+#
+# tiny-draft is a model of its own: it redoes the target's work with fewer, narrower layers, and as it drafts
+# further its guesses rest on its own earlier guesses. An EAGLE head (`picospec/beyond/eagle.py`; `tiny-head`
+# is one trained for tiny-target) is a single transformer block that drafts from the target's own *features*,
+# the vector the target's LM head reads, and borrows the target's embedding and LM head. Its first guess of
+# an iteration rests on true features; the later ones on its own guessed features. Same target, prompts and
+# keys, K = 7: α_i is the chance the i-th draft of an iteration is accepted once reached (theory.alpha_by_position).
+# The output law is q for both: only the acceptance differs.
+
+# %%
+K_FAR, N_FAR = 7, 64
+drafts = {"tiny-draft": draft}
+if MODELS == "bundled":  # the head was trained for tiny-target
+    drafts["tiny-head"] = picospec.load_head("tiny-head", target)
+
+def alpha_positions(d, temperature):
+    counts = []
+    for prompt_text in PROMPTS:
+        prompt = tokenizer.encode(prompt_text).ids
+        keys = jax.random.split(jax.random.key(2), RUNS)
+        _, traces = jax.vmap(lambda k: picospec.speculative_sample(
+            d, target, prompt, N_FAR, k, K=K_FAR, temperature=temperature))(keys)
+        counts += [np.asarray(traces.n_accepted[r, :int(traces.n_steps[r])]) for r in range(RUNS)]
+    return theory.alpha_by_position(np.concatenate(counts), K_FAR)[0]
+
+plt.figure(figsize=(7.5, 3.4))
+for (name, d), style in zip(drafts.items(), ["o-", "s-"]):
+    for temperature, dash in [(0.0, ""), (0.8, "--")]:
+        alphas = alpha_positions(d, temperature)
+        print(f"{name:10s} T={temperature}: α by position {np.round(alphas, 2)}")
+        plt.plot(range(1, K_FAR + 1), alphas, style[0] + (dash or "-"), label=f"{name}, T = {temperature}")
+plt.title(f"α of the i-th draft once reached, K = {K_FAR}")
+plt.xlabel("draft position i"); plt.ylabel("α_i"); plt.ylim(0, 1)
+plt.legend(loc="upper left", bbox_to_anchor=(1.02, 1)); plt.tight_layout(); plt.show()
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Predict: with K = 8, does the measured α change? Does the acceptance rate (accepted / drafted)? Run it.

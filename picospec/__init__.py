@@ -5,6 +5,7 @@ from picospec.beyond.ngram import NGramDraft
 from picospec.errors import PicospecError
 from picospec.gpt2 import GPT2Config, KVCache, Model, forward, init_cache
 from picospec.sampling import Sampling
+from picospec.tools.checkpoints.head import load_head
 from picospec.tools.checkpoints.weights import load_model, load_tokenizer
 from picospec.tools.samplers import (
                                      autoregressive_sample,
@@ -16,6 +17,7 @@ from picospec.tools.samplers import (
 
 __all__ = [
     "GPT2Config", "KVCache", "Model", "NGramDraft", "PicospecError", "Sampling", "Trace",
-    "autoregressive_sample", "autoregressive_sample_batch", "forward", "init_cache", "load_model", "load_tokenizer",
+    "autoregressive_sample", "autoregressive_sample_batch", "forward", "init_cache", "load_head", "load_model",
+    "load_tokenizer",
     "logits", "speculative_sample", "speculative_sample_batch",
 ]

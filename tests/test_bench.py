@@ -144,7 +144,8 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, cap
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert [(r["B"], r["T"]) for r in report["bundled"]] == [(1, 0.0), (1, 0.8)]
     for row in report["bundled"]:
-        assert set(row["tokens_per_s"]) == {"autoregressive", "K=2", "auto"} and min(row["tokens_per_s"].values()) > 0
+        assert set(row["tokens_per_s"]) == {"autoregressive", "K=2", "auto", "head K=2"}  # the head: B = 1
+        assert min(row["tokens_per_s"].values()) > 0
         assert row["iteration"]["2"]["over_floor"] > 0.3 and 0 <= row["auto_k"] <= 7
     assert [r["dtype"] for r in report["gpt2"]] == ["float32", "bfloat16"]
     for row in report["gpt2"]:
@@ -152,6 +153,26 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, cap
         K, speedup = row["theory"]["0.8"]["K"], row["theory"]["0.8"]["speedup"]
         assert speedup == pytest.approx(float(theory.walltime_improvement(0.8, K, row["c"], row["v"][str(K)])))
     assert "| float32 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # about a minute: two drafts compiled at two K, and two CLI processes
+def test_the_eagle_benchmark_measures_both_drafts_from_the_same_runs(tmp_path, capsys):
+    """benchmarks/eagle.py, small: alpha by position has K entries in [0, 1], tokens per call lies in
+    [1, K + 1], the launch-bound prediction is theory's from the alpha and kernel counts it reports, and
+    the head's step launches fewer kernels than the four-layer draft's."""
+    import eagle
+    eagle.main(["--prompts", "2", "--n-tokens", "16", "--rounds", "1", "--ks", "2,4", "--temperatures", "0",
+                "--no-auto", "--cli-rounds", "1", "--out", str(tmp_path / "eagle.json")])
+    report = json.loads((tmp_path / "eagle.json").read_text())
+    assert report["kernels"]["tiny-head"] < report["kernels"]["tiny-draft"] < report["kernels"]["target"]
+    for row in report["rows"]:
+        K = row["K"]
+        assert len(row["alpha_by_position"]) == K and all(0 <= a <= 1 for a in row["alpha_by_position"])
+        assert 1 <= row["tokens_per_call"] <= K + 1 and row["tokens_per_second"] > 0
+        c = report["kernels"][row["draft"]] / report["target_call_kernels"][str(K)]
+        assert row["gpu_theory"] == pytest.approx(float(theory.walltime_improvement(row["alpha"], K, c)))
+    assert {r["draft"] for r in report["cli"]} == {"tiny-draft", "tiny-head"}
+    assert "| 0 | tiny-head | 4 |" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # a dozen CLI processes, --K auto's costs timed first

@@ -17,7 +17,8 @@ def test_the_wheel_runs_the_bundled_pair_in_a_fresh_venv(tmp_path):
                     str(tmp_path), str(ROOT)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("picospec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"picospec/weights/tiny-target/model.safetensors", "picospec/tools/cli/stream.py"} <= set(names)
+    assert {"picospec/weights/tiny-target/model.safetensors", "picospec/weights/tiny-head/model.safetensors",
+            "picospec/tools/cli/stream.py"} <= set(names)
     assert any(name.endswith("licenses/LICENSE") for name in names)
 
     venv = tmp_path / "venv"

@@ -4,7 +4,7 @@ Part I's speculative_step is the paper's iteration, a model draft and the token 
 changes one piece: the draft (anything with `prefill` and `propose`: ngram.py, adaptive.py, tree.py),
 steps 3 and 4 (any function like speculative.accept_or_resample returning a Verdict: verifiers.py),
 step 2 (any function like speculative.score: score_first.py), or the whole iteration, built from Part
-I's functions (tree_verify.py, several.py). The trace records what each of them decides as well: the
+I's functions (tree_verify.py, several.py, eagle.py). The trace records what each of them decides as well: the
 drafts proposed k, the block rule's w and h, the chance beta each judged draft had; and whether every
 row of p and q was finite (a float16 model that overflowed samples garbage: the entry points read the
 flag once, after the loop, and refuse the result).

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from picospec.beyond.dynamic import Grown
+from picospec.beyond.eagle import HeadDraft
 from picospec.beyond.several import CHAINS
 from picospec.beyond.tree import CHILDREN, Shape
 from picospec.beyond.verifiers import RULES
@@ -115,6 +116,8 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
     if drafts > 1 and (RULES[rule] not in CHAINS or adaptive or not isinstance(draft, Model)):
         raise PicospecError("several drafts need a draft model, a fixed K and --verify match or token "
                             "(block verification judges one chain; the n-gram lookup has only one)")
+    if isinstance(draft, HeadDraft):
+        return head(draft, target, adaptive)
     if not isinstance(draft, Model):  # the n-gram draft
         return ngram_max(draft.max_n)
     if draft.config.vocab_size != target.config.vocab_size:
@@ -123,6 +126,16 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
     if draft.config.n_positions < target.config.n_positions:
         raise PicospecError(f"the draft's context ({draft.config.n_positions}) is shorter than the "
                             f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
+
+
+def head(draft, target: Model, adaptive: bool):
+    """An EAGLE head drafts K tokens a call for a target as wide as it, with its vocabulary."""
+    if (draft.config.n_embd, draft.config.vocab_size) != (target.config.n_embd, target.config.vocab_size):
+        raise PicospecError(f"the EAGLE head reads {draft.config.n_embd}-wide features over {draft.config.vocab_size} "
+                            f"tokens; the target's are {target.config.n_embd} over {target.config.vocab_size}: "
+                            "use the target it was trained against")
+    if adaptive:
+        raise PicospecError("the EAGLE head drafts a fixed K: --K auto and --confidence need a draft model")
 
 
 def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, policy) -> int | None:

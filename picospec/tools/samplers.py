@@ -16,6 +16,7 @@ from picospec.beyond import loop
 from picospec.beyond.adaptive import AdaptiveDraft, adaptive_step
 from picospec.beyond.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
 from picospec.beyond.dynamic import DynamicDraft, Grown
+from picospec.beyond.eagle import HeadDraft, head_step
 from picospec.beyond.loop import ModelDraft, empty_trace, speculative_step
 from picospec.beyond.ngram import NGramDraft
 from picospec.beyond.policy import fixed
@@ -38,6 +39,8 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     are chosen by `children`)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
+    if isinstance(draft, HeadDraft):  # EAGLE: its own iteration hands it the target's features
+        return draft, head_step, verify
     if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
         table = None if tree.calibration is None else jnp.float32(tree.calibration)  # data, not the program
         return DynamicDraft(draft, tree._replace(calibration=None), table), tree_step, verify_tree

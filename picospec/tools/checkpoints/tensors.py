@@ -27,9 +27,10 @@ SKIPPED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")
 CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
-def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
+def load_params(paths: list[Path], config: GPT2Config, dtype, wanted: dict | None = None) -> dict:
     """Every tensor GPT-2 needs, from one safetensors file or the shards of one checkpoint, as a params
-    pytree of `dtype`; names, dtypes and shapes checked against config.json."""
+    pytree of `dtype`; names, dtypes and shapes checked against config.json (or the tree of
+    ShapeDtypeStructs `wanted`: an EAGLE head's)."""
     where = {}  # bare tensor name -> (file, its entry)
     for path in paths:
         for key, entry in _entries(path).items():
@@ -37,7 +38,7 @@ def load_params(paths: list[Path], config: GPT2Config, dtype) -> dict:
                 raise PicospecError(f"tensor {key} is in both {where[_bare(key)][0]} and {path}; download the "
                                     "checkpoint again")
             where[_bare(key)] = (path, entry)
-    wanted = expected(config)
+    wanted = expected(config) if wanted is None else wanted
     names = {_dotted(p) for p, _ in jax.tree_util.tree_flatten_with_path(wanted)[0]}
     if missing := sorted(names - where.keys()):
         raise PicospecError(f"{paths[0].parent}: missing tensor {missing[0]} ({len(missing)} missing); "

@@ -18,6 +18,7 @@ from picospec.beyond.dynamic import Grown
 from picospec.beyond.ngram import NGramDraft
 from picospec.errors import NonFiniteLogits, PicospecError
 from picospec.tools import autotune, checks
+from picospec.tools.checkpoints.head import is_head, load_head
 from picospec.tools.checkpoints.weights import (
     check_tokenizer,
     checkpoint_file,
@@ -54,7 +55,10 @@ def load(args):
     ngram = NGramDraft(args.ngram_max) if uses_draft and args.draft == "ngram" else None
     target = load_model(args.target, args.dtype)
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
-    draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
+    if draft_is_model and is_head(checkpoint_file(args.draft, "config.json")):  # an EAGLE head, for this target
+        draft = load_head(args.draft, target)
+    else:
+        draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
         checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)

@@ -17,7 +17,8 @@ def parse_args(argv):
                         "give it several times to run the prompts as one batch")
     parser.add_argument("--prompt-file", help="one prompt a line (- reads standard input), run as one batch")
     parser.add_argument("--draft", default="gpt2",
-                        help="draft model: name, hub repo or folder (default gpt2, 124M); or ngram for n-gram lookup")
+                        help="draft model: name, hub repo or folder (default gpt2, 124M); an EAGLE head trained "
+                        "for the target (tiny-head); or ngram for n-gram lookup")
     parser.add_argument("--ngram-max", type=int, default=3, help="with --draft ngram: longest n-gram tried (default 3)")
     parser.add_argument("--target", default="gpt2-xl", help="target model (default gpt2-xl, 1558M)")
     parser.add_argument("--n-tokens", type=int, default=40, help="tokens to generate (default 40)")

@@ -3,6 +3,7 @@
     apt-get install bible-kjv          # the corpus: public-domain English, 4.4 MB
     pip install -e ".[train]"          # optax
     python -m picospec.tools.train --out weights
+    python -m picospec.tools.train --head --out weights   # an EAGLE head for tiny-target (head.py)
 
 Steps: train a byte-level BPE tokenizer; train the target; train the draft by distillation
 (cross-entropy against the target's distribution; --drafts text or both also trains one on the text);
@@ -28,6 +29,7 @@ from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.tools.checkpoints.config import config_json
 from picospec.tools.checkpoints.weights import load_model, save_checkpoint
 from picospec.tools.samplers import speculative_sample
+from picospec.tools.train import head
 from picospec.tools.train.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
 
 CONTEXT = 256
@@ -128,9 +130,14 @@ def main(argv=None):
     parser.add_argument("--drafts", choices=["distilled", "text", "both"], default="distilled",
                         help="which drafts to train: distilled from the target (the bundled one), on the "
                              "text, or both, keeping the one with the higher acceptance rate")
+    parser.add_argument("--head", action="store_true", help="train an EAGLE head against the bundled tiny-target "
+                        "instead, into OUT/tiny-head (tools/train/head.py)")
+    parser.add_argument("--head-steps", type=int, default=head.STEPS)
     args = parser.parse_args(argv)
     t0 = time.time()
     log = lambda msg: print(f"[{time.time() - t0:6.0f}s] {msg}", flush=True)  # noqa: E731
+    if args.head:
+        return head.main(args.out, args.seed, args.head_steps, log)
 
     train_text, held_text = corpus()
     tokenizer = train_tokenizer(train_text)
