@@ -49,14 +49,14 @@ PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, s
            "Blessed are the", "And it came to pass"]
 K, N_TOKENS, RUNS, LENGTH = 4, 112, (2 if QUICK else 8), 128  # every prompt + N_TOKENS + K fits LENGTH slots: one compile
 
-def run_all(temperature):
+def run_all(temperature, d=draft, K=K, n_tokens=N_TOKENS, seed=1):
     """RUNS samples per prompt, vmapped over keys: a list of (prompt, generated tokens, accepted counts)."""
     runs = []
     for prompt_text in PROMPTS:
         prompt = tokenizer.encode(prompt_text).ids
-        keys = jax.random.split(jax.random.key(1), RUNS)
+        keys = jax.random.split(jax.random.key(seed), RUNS)
         tokens, traces = jax.vmap(lambda k: picospec.speculative_sample(
-            draft, target, prompt, N_TOKENS, k, K=K, temperature=temperature))(keys)
+            d, target, prompt, n_tokens, k, K=K, temperature=temperature))(keys)
         for r in range(RUNS):
             runs.append((prompt, np.asarray(tokens[r]).tolist(), np.asarray(traces.n_accepted[r, :int(traces.n_steps[r])])))
     return runs
@@ -178,13 +178,7 @@ if MODELS == "bundled":  # the head was trained for tiny-target
     drafts["tiny-head"] = picospec.load_head("tiny-head", target)
 
 def alpha_positions(d, temperature):
-    counts = []
-    for prompt_text in PROMPTS:
-        prompt = tokenizer.encode(prompt_text).ids
-        keys = jax.random.split(jax.random.key(2), RUNS)
-        _, traces = jax.vmap(lambda k: picospec.speculative_sample(
-            d, target, prompt, N_FAR, k, K=K_FAR, temperature=temperature))(keys)
-        counts += [np.asarray(traces.n_accepted[r, :int(traces.n_steps[r])]) for r in range(RUNS)]
+    counts = [accepted for _, _, accepted in run_all(temperature, d, K_FAR, N_FAR, seed=2)]
     return theory.alpha_by_position(np.concatenate(counts), K_FAR)[0]
 
 plt.figure(figsize=(7.5, 3.4))

@@ -391,6 +391,7 @@ def test_a_batch_chooses_one_k_for_all_its_rows():
     assert (k[:, :first] == k[:1, :first]).all() and (k[:, :first] == 0).any() and (k[:, :first] > 0).any()
 
 
+@pytest.mark.slow  # the CLI's stream and the batch loop compiled for auto (about 12 s)
 def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
     """Once k = 0 is chosen the loops go on with the target alone (speculative.target_alone); the CLI's
     stream switches programs there. Same tokens, same k per iteration, and k = 0 to the end."""

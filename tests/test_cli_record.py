@@ -44,7 +44,7 @@ RUNS = {
     "auto sampled, confidence": ["--K", "auto", "--confidence", "0.2", *SAMPLED],
     "autoregressive": ["--mode", "autoregressive", *SAMPLED],
 }
-FAST = ["auto sampled, confidence"]  # the rest: test_batch, test_several, test_verifiers, and -m slow
+FAST = []  # every recorded run is in -m slow (the fast suite runs the CLI in test_cli, test_batch, test_several, ...)
 COSTS = {"v": [100.0, 1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9], "prefill": 1.0}  # drafting k = 0..7, the draft's prefill:
 # auto's choices, fixed
 ALPHA = {0.0: 0.8671875, 0.8: 0.8591815233230591}  # the bundled pair's, by temperature (typical.py, whose own test

@@ -41,19 +41,24 @@ HEAD = toy_head()
 def laws(head, drafts, sampling, prompt=tuple(PROMPT)):
     """The head's p[0..K-1] for these drafts, from its own functions as `propose` chains them, and the
     target's q[0..K] from `score_with_features`: the inputs of one iteration's rule."""
-    K, drafts = len(drafts), list(drafts)
-    tokens, prefill_len, max_len = buffers(list(prompt), 4, K, TARGET.config)
-    n = len(prompt)
+    tokens, prefill_len, max_len = buffers(list(prompt), 4, len(drafts), TARGET.config)
+    p, q = written_out(head, jnp.int32(drafts), sampling, tokens, len(prompt), prefill_len, max_len)
+    return np.float64(p), np.float64(q)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def written_out(head, drafts, sampling, tokens, n: int, prefill_len: int, max_len: int):
+    K = drafts.shape[0]
     g, p_i, cache = catch_up(head, tokens, n, head.prefill(tokens, n, prefill_len, max_len), K, sampling)
     p = [p_i]
     for d in drafts[:-1]:
-        g, logits, cache = head_forward(head, g[None], jnp.int32([d]), cache)
+        g, logits, cache = head_forward(head, g[None], d[None], cache)
         g = g[0]
         p.append(logits_to_probs(logits[0], sampling))
-    proposal = loop.Proposal(jnp.int32(drafts), None, None, K)
+    proposal = loop.Proposal(drafts, None, None, K)
     q, _, _ = score_with_features(TARGET, tokens, n, proposal, prefill(TARGET, tokens, n, prefill_len, max_len),
                                   sampling)
-    return np.float64(np.stack(p)), np.float64(q)
+    return jnp.stack(p), q
 
 
 def first_token_law(rule_law, K, sampling):
@@ -87,6 +92,7 @@ def triples(head, n=6_000, **kw):
     return np.asarray(out) @ np.array([V * V, V, 1])  # [N] index of (t1, t2, t3)
 
 
+@pytest.mark.slow  # 6,000 runs of the loop, twice (the exact law above is the fast suite's)
 def test_the_loop_samples_the_targets_law_and_a_wrong_head_does_not(monkeypatch):
     sampling = Sampling(2.0, 5)  # a hot temperature: the random target's law is far from one-hot
     assert chi_square_p(triples(HEAD, temperature=2.0, top_k=5), target_law(sampling)) > PASS
@@ -129,9 +135,9 @@ def stale_features(state):  # the check: the head's slots and features are those
 def run(step, iterations=5, K=3):
     tokens, prefill_len, max_len = buffers(PROMPT, 30, K, TARGET.config)
     state = loop.start(HEAD, TARGET, tokens, len(PROMPT), jax.random.key(1), K, prefill_len, max_len)
-    step, worst = jax.jit(step, static_argnums=(3, 5)), 0.0
+    jitted, worst = jax.jit(lambda *args: step(*args), static_argnums=(3, 5)), 0.0  # traced anew: sees a patched draft
     for _ in range(iterations):
-        state = step(HEAD, TARGET, state, K, Sampling(1.0), -1)
+        state = jitted(HEAD, TARGET, state, K, Sampling(1.0), -1)
         worst = max(worst, stale_features(state))
     return worst, state
 
@@ -139,14 +145,15 @@ def run(step, iterations=5, K=3):
 def test_the_head_reads_only_true_features_and_a_stale_head_is_caught(monkeypatch):
     worst, state = run(head_step)
     assert worst < 1e-4 and int(state.n) > len(PROMPT) + 5  # 5 iterations, and drafts accepted along the way
-    # Controls: the head's cache never rolled back to the true prefix, and the target's features never handed over.
+    # The control: the head's cache never rolled back to the true prefix (and, in the slow set, never given features).
     propose = HeadDraft.propose
     monkeypatch.setattr(HeadDraft, "propose", lambda self, state, key, K, s: (lambda pr: pr._replace(
         cache=pr.cache._replace(length=state.n + K - 1)))(propose(self, state, key, K, s)))
-    jax.clear_caches()
     assert run(head_step)[0] > 1e-3
-    monkeypatch.undo()
-    jax.clear_caches()
+
+
+@pytest.mark.slow  # another compile of the loop's step
+def test_a_head_never_given_the_targets_features_is_caught():
     assert run(forgetful_step)[0] > 1e-3
 
 
@@ -161,7 +168,7 @@ def forgetful_step(draft, target, state, K, sampling, eos_id):
 
 # ---- the checkpoint, the CLI, training ----
 
-def test_a_head_checkpoint_drafts_for_its_target_and_refuses_another(tmp_path, capsys):
+def test_a_head_checkpoint_loads_for_its_target_and_refuses_another(tmp_path, capsys):
     from conftest import DATA
 
     from picospec import PicospecError
@@ -179,15 +186,25 @@ def test_a_head_checkpoint_drafts_for_its_target_and_refuses_another(tmp_path, c
         picospec.load_head(str(tmp_path / "head"), stranger)
     with pytest.raises(PicospecError, match="is not an EAGLE head"):
         picospec.load_head(str(DATA / "tiny-hub"), target)
+    run = ["--draft", str(tmp_path / "head"), "--target", str(DATA / "tiny-hub"), "--prompt", "a b"]
+    for wrong, says in [(["--target", str(DATA / "tiny-prefixed")], "EAGLE head for a 24-wide target"),
+                        (["--K", "auto"], "the EAGLE head drafts a fixed K")]:  # refused before anything compiles
+        assert cli.main(run + wrong) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.slow  # two CLI programs compiled
+def test_the_command_line_drafts_greedy_with_a_head(tmp_path, capsys):
+    from conftest import DATA
+
+    from picospec.tools import cli
+    from picospec.tools.checkpoints.head import save_head
+    save_head(toy_head(picospec.load_model(str(DATA / "tiny-hub")), seed=4, std=0.1), "tiny-hub", tmp_path / "head")
     run = ["--draft", str(tmp_path / "head"), "--target", str(DATA / "tiny-hub"), "--prompt", "a b", "--n-tokens", "24",
            "--json"]
     assert cli.main(run + ["--mode", "compare"]) == 0
     assert '"identical": true' in capsys.readouterr().out  # greedy, from the CLI
-    for wrong, says in [(["--target", str(DATA / "tiny-prefixed")], "EAGLE head for a 24-wide target"),
-                        (["--K", "auto"], "the EAGLE head drafts a fixed K")]:
-        assert cli.main(run + wrong) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and says in err, err
 
 
 def test_a_tiny_training_run_is_deterministic_and_learns(monkeypatch):
@@ -203,6 +220,7 @@ def test_a_tiny_training_run_is_deterministic_and_learns(monkeypatch):
     assert curve[-1][1] < 0.9 * curve[0][1]  # the loss fell (a head that learns nothing stays within noise of it)
 
 
+@pytest.mark.slow  # the batch's step and three single-prompt loops compiled
 def test_a_batch_with_the_head_gives_each_rows_single_prompt_tokens():
     prompts, keys = [[1, 4], [3, 3, 0, 2], [5]], jax.random.split(jax.random.key(7), 3)
     out, trace = picospec.speculative_sample_batch(HEAD, TARGET, prompts, 12, keys, K=3, temperature=1.0)
@@ -212,6 +230,7 @@ def test_a_batch_with_the_head_gives_each_rows_single_prompt_tokens():
         assert int(trace.n_steps[b]) == int(alone_trace.n_steps)
 
 
+@pytest.mark.slow  # the bundled pair's programs compiled and exported
 def test_the_shipped_head_drafts_for_the_bundled_target_from_the_command_line(capsys, tmp_path, monkeypatch):
     import json
 

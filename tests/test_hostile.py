@@ -86,7 +86,7 @@ def test_a_float16_model_that_overflows_mid_generation_is_refused_after_the_loop
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])  # greedy's one-hot rows carry the NaN too
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.8, marks=pytest.mark.slow)])  # greedy's one-hot rows too
 def test_the_entry_points_name_the_model_that_overflowed(tmp_path, temperature):
     from picospec.beyond import loop
     from picospec.errors import NonFiniteLogits

@@ -40,7 +40,7 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("n_devices", [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n_devices", [pytest.param(n, marks=pytest.mark.slow) for n in (2, 4, 8)])
 def test_sharded_batches_give_the_one_device_outputs(n_devices):
     tests = str(Path(__file__).parent)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu"}
