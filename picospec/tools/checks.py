@@ -128,12 +128,10 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
                             f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
 
 
-def head(draft, target: Model, adaptive: bool):
-    """An EAGLE head drafts K tokens a call for a target as wide as it, with its vocabulary."""
+def head(draft, target: Model, adaptive: bool):  # an EAGLE head: a fixed K, for a target of its shape
     if (draft.config.n_embd, draft.config.vocab_size) != (target.config.n_embd, target.config.vocab_size):
-        raise PicospecError(f"the EAGLE head reads {draft.config.n_embd}-wide features over {draft.config.vocab_size} "
-                            f"tokens; the target's are {target.config.n_embd} over {target.config.vocab_size}: "
-                            "use the target it was trained against")
+        raise PicospecError("the EAGLE head reads features of another shape than this target's: use the target it "
+                            "was trained against")
     if adaptive:
         raise PicospecError("the EAGLE head drafts a fixed K: --K auto and --confidence need a draft model")
 
@@ -198,8 +196,7 @@ def keys(value, B: int):
 def finite(trace, draft, target):
     """Refuse what a loop sampled if a model's logits held NaN or Inf (the trace's `finite` flags,
     read once, after the loop). Under an outer jax.jit they cannot be read: the trace carries them."""
-    if isinstance(trace.finite, jax.core.Tracer):
-        return
-    for ok, which, model in zip(jnp.reshape(trace.finite, (-1, 2)).all(axis=0), ("draft", "target"), (draft, target)):
+    flags = [] if isinstance(trace.finite, jax.core.Tracer) else jnp.reshape(trace.finite, (-1, 2)).all(axis=0)
+    for ok, which, model in zip(flags, ("draft", "target"), (draft, target)):
         if not ok:
             raise NonFiniteLogits(which, jax.tree.leaves(model.params)[0].dtype)

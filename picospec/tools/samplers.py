@@ -1,8 +1,8 @@
-"""The public entry points (`picospec.speculative_sample` and the rest): the lesson's samplers with
-their input checked (tools/checks.py), their options named (`verify="block"`, `drafts=2`, a
-`policy`) and turned into the lesson's plug-ins, and, for batches, the memory checked and the rows
-placed on devices. A policy whose prior alone stops the draft runs autoregressive decoding instead
-(`stops_at_once`): the tokens and trace the loop would give, with the target's own smaller buffers."""
+"""The public entry points (`picospec.speculative_sample` and the rest): the lesson's samplers with their
+input checked (tools/checks.py), their options named (`verify="block"`, `drafts=2`, a `policy`) and turned
+into the lesson's plug-ins, for batches the memory checked and the rows placed on devices, and the
+trace's non-finite flags read after the loop. A policy whose prior alone stops the draft runs
+autoregressive decoding (`stops_at_once`): the loop's tokens and trace, in the target's own buffers."""
 
 import weakref
 from functools import partial
