@@ -84,9 +84,19 @@ def in_batch(draft):
     return dataclasses.replace(draft, agree=furthest, pool=together) if isinstance(draft, AdaptiveDraft) else draft
 
 
+def over_rows(f, state):
+    """f, one row's function, vmapped over the rows, named ROWS so that they can agree. A batch of one
+    may be held as the row itself (n: int32 []): f then takes it as it is, the vmap only naming the
+    axis. (XLA:CPU writes a cache of a batch of one at two shapes and so copies every cache buffer
+    each step: the tiny pair's 5 MB a token, 124M's 24 MB; a row held as itself copies none.)"""
+    if state.n.ndim == 0:
+        return jax.vmap(lambda _: f(state), axis_name=ROWS, out_axes=None)(jnp.zeros(1))
+    return jax.vmap(f, axis_name=ROWS)(state)
+
+
 def batch_step(step, state, n_end):
     """One iteration of every unfinished row: `step` (one row's iteration) vmapped. n_end: int32 [B]."""
-    return keep_finished(unfinished(state, n_end), jax.vmap(step, axis_name=ROWS)(state), state)
+    return keep_finished(unfinished(state, n_end), over_rows(step, state), state)
 
 
 def batch_loop(step, state, n_end, going=lambda s: True):
@@ -102,7 +112,7 @@ def batch_start(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int,
 
 
 def batch_drafting(draft, state):  # bool []: the rows' draft has not stopped for good (they stop together)
-    return jnp.all(jax.vmap(lambda row: drafting(draft, row), axis_name=ROWS)(state))
+    return jnp.all(over_rows(lambda row: drafting(draft, row), state))
 
 
 @partial(jax.jit, static_argnames=("n_tokens", "K", "prefill_len", "max_len", "eos_id", "verify", "step"))

@@ -88,12 +88,12 @@ def optimal_K(alpha: float, c: float, v=lambda K: 1.0, K_max: int = 32, K_min: i
 # algorithm; smaller l accepts more, and the output drifts from q toward p.
 
 
-def lenient_alpha(p, q, l: float) -> float:
+def lenient_alpha(p, q, l: float) -> float:  # noqa: E741 (the paper's l)
     """The acceptance probability with lenience l: sum_x p(x) min(1, q(x) / (l p(x)))."""
     return float(np.mean(np.minimum(p, np.asarray(q) / l).sum(axis=-1)))
 
 
-def lenient_output_law(p, q, l: float) -> np.ndarray:
+def lenient_output_law(p, q, l: float) -> np.ndarray:  # noqa: E741
     """The exact law of one emitted token under lenience l (equal to q when l = 1). p, q: [V]."""
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
     accepted = np.minimum(p, q / l)  # P(draft x and accept it)

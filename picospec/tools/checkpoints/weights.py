@@ -26,7 +26,7 @@ HUB_REPOS = {
     "gpt2-large": "openai-community/gpt2-large", "774M": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl", "1558M": "openai-community/gpt2-xl",
 }
-BUNDLED = ("tiny-draft", "tiny-target", "tiny-head")  # in weights/, which the wheel ships as the package picospec.weights
+BUNDLED = ("tiny-draft", "tiny-target", "tiny-head")  # in weights/, shipped in the wheel as picospec.weights
 BUNDLED_DIR = Path(str(importlib.resources.files("picospec.weights")))
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"

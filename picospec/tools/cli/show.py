@@ -56,7 +56,8 @@ def batch_stats(rows: list[dict], K: int, seconds: float, compile_seconds: float
     """The batch as a whole: every row's tokens over the wall time until the last row finished."""
     steps = [s for r in rows for s in r["steps"]]
     n_tokens, drafted = sum(len(s["tokens"]) for s in steps), sum(s.get("k", 0) for s in steps)
-    return {"n_prompts": len(rows), "n_tokens": n_tokens, "n_steps": len(steps), "tokens_per_step": n_tokens / len(steps),
+    return {"n_prompts": len(rows), "n_tokens": n_tokens, "n_steps": len(steps),
+            "tokens_per_step": n_tokens / len(steps),
             "acceptance_rate": sum(s.get("accepted", 0) for s in steps) / drafted if drafted else None,
             "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds}
 

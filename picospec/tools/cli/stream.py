@@ -1,6 +1,6 @@
 """Running the samplers one iteration at a time, so the CLI and notebooks can show each as it happens.
 
-One path for one prompt or many: the state is batched (one prompt is a batch of one), and every
+One path for one prompt or many: the state is batched (one prompt a batch of one, held as its row), and every
 iteration steps all rows with the very step functions that `speculative_sample` and
 `autoregressive_sample` loop over, vmapped as picospec.beyond.batch vmaps them, keeping what the finished
 rows produced. Each row's tokens are therefore exactly those of the single-prompt samplers. The
@@ -27,6 +27,7 @@ from picospec.beyond.batch import (
     batch_step,
     in_batch,
     keep_finished,
+    over_rows,
     unfinished,
 )
 from picospec.beyond.loop import target_alone
@@ -72,7 +73,21 @@ def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved pr
 def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
     """Every row's state before its first step (autoregressive.autoregressive_start, vmapped)."""
     row = lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len)  # noqa: E731
-    return jax.vmap(row)(tokens, n_prompt, keys)
+    return lone(jax.vmap(row)(tokens, n_prompt, keys))
+
+
+def speculative_starts(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
+    """Every row's state before its first iteration (batch.batch_start)."""
+    return lone(batch_start(draft, target, tokens, n_prompt, keys, K, prefill_len, max_len))
+
+
+def lone(state):
+    """A batch of one held as its row (batch.over_rows says why); larger batches as they are."""
+    return jax.tree_util.tree_map(lambda x: x[0], state) if len(state.n) == 1 else state
+
+
+def as_batch(state, report):  # the host reads [B] arrays, a lone row's as a batch of one
+    return report if state.n.ndim else jax.tree_util.tree_map(lambda x: x[None], report)
 
 
 def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
@@ -93,9 +108,9 @@ def target_alone_iteration(draft, target, state, n_end, sampling, K, eos_id):
 def rows_iteration(one_row, draft, state, n_end, going):
     active = unfinished(state, n_end) & going  # [B]
     state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
-    rows = jax.vmap(trace_row)(state.trace, state.trace.n_steps - 1)
+    rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
     rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
-    return state, (active, unfinished(state, n_end), rows, batch_drafting(draft, state))
+    return state, (*as_batch(state, (active, unfinished(state, n_end), rows)), batch_drafting(draft, state))
 
 
 def autoregressive_iteration(model, state, n_end, sampling, eos_id):
@@ -103,7 +118,8 @@ def autoregressive_iteration(model, state, n_end, sampling, eos_id):
     active = unfinished(state, n_end)  # [B]
     state = skip_when_finished(active, lambda s: batch_step(
         lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
-    return state, (active, unfinished(state, n_end), state.tokens[jnp.arange(len(state.n)), state.n - 1])
+    newest = over_rows(lambda row: row.tokens[row.n - 1], state)
+    return state, as_batch(state, (active, unfinished(state, n_end), newest))
 
 
 def skip_when_finished(active, step, state):
@@ -136,14 +152,15 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         draft = None
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
-    tokens, n_prompt, n_end = jax.device_put((tokens, n_prompt, n_prompt + n_tokens))  # from the host, as they are
+    n_end = n_prompt + n_tokens if len(prompts) > 1 else n_prompt[0] + n_tokens  # [B], a lone row's []
+    tokens, n_prompt, n_end = jax.device_put((tokens, n_prompt, n_end))  # from the host, as they are
     if draft is None:
         models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
         begin, begin_options = autoregressive_starts, sizes
     else:
         models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
                                                                                   step=step)
-        begin, begin_options = batch_start, dict(K=K, **sizes)
+        begin, begin_options = speculative_starts, dict(K=K, **sizes)
     init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
                            warm=len(prompts) * prefill_len <= WARM_TOKENS)
     t0 = time.perf_counter()

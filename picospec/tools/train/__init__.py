@@ -158,7 +158,8 @@ def main(argv=None):
     drafts = {}
     if args.drafts in ("both", "text"):
         log("training a draft on the text")
-        drafts["draft (text)"] = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR, log=log))
+        trained = train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR, log=log)
+        drafts["draft (text)"] = as_stored(trained)
     if args.drafts in ("both", "distilled"):
         log("training a draft by distillation from the target")
         drafts["draft (distilled)"] = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR,
