@@ -3,8 +3,8 @@
     python benchmarks/eagle.py                      # tiny-head and tiny-draft, K = 2, 4, 7 and auto, T = 0 and 0.8
     python benchmarks/eagle.py --prompts 4 --rounds 2 --ks 2 --temperatures 0 --no-auto --cli-rounds 0  # quick
 
-For each temperature, every contender (autoregressive decoding; each draft at each K; tiny-draft with
-`--K auto`, which the head does not offer) makes --n-tokens tokens after each of --prompts held-out
+For each temperature, every contender (autoregressive decoding; each draft at each K and with
+`--K auto`) makes --n-tokens tokens after each of --prompts held-out
 verses (their first words, one prompt a call, as the CLI runs them), round after round in a shuffled
 order, each keeping its fastest round. From the same runs: alpha by draft position (theory.alpha_by_position:
 the chance the i-th draft is accepted once reached), tokens per target call, and tokens/s against
@@ -108,7 +108,7 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-auto", action="store_true", help="leave tiny-draft's --K auto out")
+    parser.add_argument("--no-auto", action="store_true", help="leave --K auto out")
     parser.add_argument("--cli-rounds", type=int, default=3, help="rounds of the CLI race (0: none)")
     parser.add_argument("--out", default="eagle.json")
     args = parser.parse_args(argv)
@@ -145,12 +145,11 @@ def main(argv=None):
                 contenders[(name, K)] = lambda d=draft, K=K: [picospec.speculative_sample(d, target, p, n, k, K=K,
                                                                                           temperature=T)
                                                               for p, k in zip(prompts, keys)]
-        if not args.no_auto:
-            draft = drafts["tiny-draft"]
+        for name, draft in ([] if args.no_auto else drafts.items()):
             auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, 256, Sampling(T)), horizon=n)
             policies = [prompt_prior(auto, draft, target, [p], Sampling(T)) for p in prompts]  # as the CLI
-            contenders[("tiny-draft", "auto")] = lambda: [
-                picospec.speculative_sample(draft, target, p, n, k, K=AUTO_K_MAX, temperature=T, policy=policy)
+            contenders[(name, "auto")] = lambda d=draft, policies=policies: [
+                picospec.speculative_sample(d, target, p, n, k, K=AUTO_K_MAX, temperature=T, policy=policy)
                 for p, k, policy in zip(prompts, keys, policies)]
         results = {name: jax.block_until_ready(run()) for name, run in contenders.items()}  # compiles
         laps = {name: np.inf for name in contenders}

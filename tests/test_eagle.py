@@ -21,7 +21,20 @@ import picospec
 from picospec import Sampling
 from picospec.autoregressive import buffers, prefill
 from picospec.beyond import loop
-from picospec.beyond.eagle import HeadDraft, catch_up, head_forward, head_step, init_head, score_with_features
+from picospec.beyond.adaptive import AdaptiveDraft
+from picospec.beyond.eagle import (
+    HeadDraft,
+    adaptive_head_step,
+    catch_up,
+    head_forward,
+    head_step,
+    init_head,
+    score_with_features,
+)
+from picospec.beyond.eagle_tree import HeadTreeDraft, head_tree_step
+from picospec.beyond.policy import Policy
+from picospec.beyond.tree import Shape
+from picospec.beyond.tree_verify import verify_tree
 from picospec.sampling import logits_to_probs
 from picospec.speculative import accept_or_resample
 
@@ -132,12 +145,12 @@ def stale_features(state):  # the check: the head's slots and features are those
                float(jnp.abs(cache.f[:n] - fresh.f[:n]).max()))
 
 
-def run(step, iterations=5, K=3):
+def run(step, iterations=5, K=3, draft=HEAD):
     tokens, prefill_len, max_len = buffers(PROMPT, 30, K, TARGET.config)
-    state = loop.start(HEAD, TARGET, tokens, len(PROMPT), jax.random.key(1), K, prefill_len, max_len)
+    state = loop.start(draft, TARGET, tokens, len(PROMPT), jax.random.key(1), K, prefill_len, max_len)
     jitted, worst = jax.jit(lambda *args: step(*args), static_argnums=(3, 5)), 0.0  # traced anew: sees a patched draft
     for _ in range(iterations):
-        state = jitted(HEAD, TARGET, state, K, Sampling(1.0), -1)
+        state = jitted(draft, TARGET, state, K, Sampling(1.0), -1)
         worst = max(worst, stale_features(state))
     return worst, state
 
@@ -150,6 +163,32 @@ def test_the_head_reads_only_true_features_and_a_stale_head_is_caught(monkeypatc
     monkeypatch.setattr(HeadDraft, "propose", lambda self, state, key, K, s: (lambda pr: pr._replace(
         cache=pr.cache._replace(length=state.n + K - 1)))(propose(self, state, key, K, s)))
     assert run(head_step)[0] > 1e-3
+
+
+VARYING = Policy(jnp.float32(0), jnp.float32([1.2, 1.0, 1.05, 1.1]), jnp.float32(0))  # --K auto, K = 3
+
+
+def test_with_K_auto_the_head_drafts_k_of_K_and_reads_only_true_features():
+    worst, state = run(adaptive_head_step, iterations=10, draft=AdaptiveDraft(HEAD, VARYING))
+    k = np.asarray(state.trace.k[:int(state.trace.n_steps)])
+    assert worst < 1e-4 and len(set(k.tolist())) > 1  # the features of the k scored positions, k moving
+    assert int(state.n) > len(PROMPT) + 10  # drafts accepted along the way
+
+
+@pytest.mark.slow  # 6,000 runs of the adaptive loop
+def test_with_K_auto_the_loop_samples_the_targets_law():
+    sampling, policy = Sampling(2.0, 5), Policy(jnp.float32(0), jnp.float32([1.2, 1.0, 1.05]), jnp.float32(0))
+    assert chi_square_p(triples(HEAD, temperature=2.0, top_k=5, policy=policy), target_law(sampling)) > PASS
+
+
+def test_greedy_with_K_auto_and_the_head_is_the_targets_greedy_output():
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    head, prompt = toy_head(target, seed=3, std=0.1), [3, 1, 4, 1, 5]
+    spec, trace = picospec.speculative_sample(head, target, prompt, 40, jax.random.key(1), K=3, temperature=0,
+                                              policy=VARYING)
+    np.testing.assert_array_equal(spec, picospec.autoregressive_sample(target, prompt, 40, jax.random.key(0),
+                                                                       temperature=0))
+    assert int(trace.n_accepted.sum()) > 0 and len(set(np.asarray(trace.k[:int(trace.n_steps)]).tolist())) > 1
 
 
 @pytest.mark.slow  # another compile of the loop's step
@@ -188,7 +227,7 @@ def test_a_head_checkpoint_loads_for_its_target_and_refuses_another(tmp_path, ca
         picospec.load_head(str(DATA / "tiny-hub"), target)
     run = ["--draft", str(tmp_path / "head"), "--target", str(DATA / "tiny-hub"), "--prompt", "a b"]
     for wrong, says in [(["--target", str(DATA / "tiny-prefixed")], "EAGLE head for a 24-wide target"),
-                        (["--K", "auto"], "the EAGLE head drafts a fixed K")]:  # refused before anything compiles
+                        (["--confidence", "0.5"], "--confidence needs a draft model")]:  # refused before compiling
         assert cli.main(run + wrong) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
@@ -242,3 +281,39 @@ def test_the_shipped_head_drafts_for_the_bundled_target_from_the_command_line(ca
     assert report["identical"] and report["speculative"]["stats"]["acceptance_rate"] > 0.3  # greedy; it drafts well
     assert cli.main(["--draft", "tiny-head", "--target", "tiny-draft", "--prompt", "a"]) == 2  # not its target
     assert "EAGLE head for a 384-wide target" in capsys.readouterr().err
+
+
+TREE = Shape((0, 0, 1, 2, 3))  # two children of the root, then a chain below each
+
+
+@pytest.mark.parametrize("children", ["distinct", pytest.param("iid", marks=pytest.mark.slow),
+                                      pytest.param("top", marks=pytest.mark.slow)])
+def test_a_tree_of_the_heads_guesses_gives_the_targets_greedy_output(children):
+    target = random_model(seed=22, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    head, prompt = toy_head(target, seed=3, std=0.1), [3, 1, 4, 1, 5]
+    spec, trace = picospec.speculative_sample(head, target, prompt, 40, jax.random.key(1), temperature=0, tree=TREE,
+                                              children=children)
+    np.testing.assert_array_equal(spec, picospec.autoregressive_sample(target, prompt, 40, jax.random.key(0),
+                                                                       temperature=0))
+    assert int(trace.n_accepted.sum()) > 0
+
+
+def test_a_tree_hands_the_head_the_accepted_paths_true_features():
+    draft, K = HeadTreeDraft(HEAD, TREE, "iid"), TREE.M
+    worst, state = run(lambda d, t, s, K, sampling, eos: head_tree_step(d, t, s, K, sampling, eos), 8, K, draft)
+    assert worst < 1e-4 and int(state.n) > len(PROMPT) + 8  # drafts accepted along the way
+
+
+@pytest.mark.slow  # 6,000 runs of the tree loop, twice
+def test_a_tree_of_the_heads_guesses_samples_the_targets_law_and_a_wrong_rule_does_not():
+    sampling, shape, keys = Sampling(2.0, 5), Shape((0, 0, 1)), jax.random.split(jax.random.key(2), 6_000)
+
+    def law_p(children, rule=verify_tree):
+        out = jax.vmap(lambda k: loop.speculative_sample(HeadTreeDraft(HEAD, shape, children), TARGET, PROMPT, 3, k,
+                                                         K=shape.M, temperature=2.0, top_k=5, verify=rule,
+                                                         step=head_tree_step)[0])(keys)
+        return chi_square_p(np.asarray(out) @ np.array([V * V, V, 1]), target_law(sampling))
+    assert law_p("distinct") > PASS and law_p("top") > PASS
+    # The control: the two most probable children verified as if drawn independently (tree_verify.py says why).
+    as_iid = lambda ka, ke, shape, children, tree, q, greedy: verify_tree(ka, ke, shape, "iid", tree, q, greedy)  # noqa: E731
+    assert law_p("top", as_iid) < FAIL

@@ -25,6 +25,8 @@ slots came from *predicted* features, so step 5 rolls its length back to the tru
 next iteration's first head call (`catch_up`) feeds the pairs of true features for the tokens just
 accepted: 1 to K + 1 of them, fed as K + 1 rows (the rows past the sequence are scratch, beyond the
 length), as Part I's catch-up feeds two. Both caches roll back as Part I's do: by moving a length.
+With `--K auto` the head drafts K, cut to the policy's k, and the target scores the k + 1 positions
+it needs (score_first.py), handing their features over alike (`adaptive_head_step`); trees: eagle_tree.py.
 """
 
 from dataclasses import dataclass
@@ -35,7 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from picospec import gpt2
+from picospec.beyond.adaptive import AdaptiveDraft, or_target_alone
 from picospec.beyond.loop import Proposal, advance
+from picospec.beyond.score_first import attention_apart, score_first
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.speculative import accept_or_resample
@@ -90,16 +94,17 @@ class HeadDraft:
         return Proposal(jnp.concatenate([drafted, d_last[None]]), jnp.concatenate([p, p_last[None]]), cache, K)
 
 
-def head_forward(draft: HeadDraft, f, tokens, cache: HeadCache):
+def head_forward(draft: HeadDraft, f, tokens, cache: HeadCache, attend=gpt2.cached_attention):
     """The head on T pairs (f [T, C], tokens [T]) at slots [length, length + T): the predicted next
-    features g [T, C], their logits through the target's LM head [T, V], and the cache."""
+    features g [T, C], their logits through the target's LM head [T, V], and the cache (training
+    attends otherwise: `attend`)."""
     params, config, wte = draft.params, draft.config, draft.target.params["wte"]["weight"]
     matmul = draft.target.matmul
     x = jnp.concatenate([wte[tokens].astype(f.dtype), f], axis=-1)  # [T, 2C]
     x = (matmul(x, params["fc"]["weight"]) + params["fc"]["bias"]).astype(wte.dtype)  # [T, C]
     q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
     g, k, v = gpt2.block(x, cache.k[0], cache.v[0], q_pos, **params["block"], n_head=config.n_head,
-                         eps=config.layer_norm_epsilon, matmul=matmul, attend=gpt2.cached_attention)
+                         eps=config.layer_norm_epsilon, matmul=matmul, attend=attend)
     g = g.astype(jnp.float32)
     return g, matmul(g, wte), cache._replace(k=[k], v=[v], length=cache.length + tokens.shape[0])
 
@@ -114,15 +119,16 @@ def catch_up(draft: HeadDraft, tokens, n, cache: HeadCache, K: int, sampling: Sa
     return g[n - 1 - m], logits_to_probs(logits[n - 1 - m], sampling), cache._replace(length=n)
 
 
-def target_features(target: Model, tokens, cache: KVCache):
-    """gpt2.forward that also returns the features its LM head reads: f [T, C] float32, logits [T, V], cache."""
+def target_features(target: Model, tokens, cache: KVCache, attend=gpt2.cached_attention, positions=None):
+    """gpt2.forward that also returns the features its LM head reads: f [T, C] float32, logits [T, V], cache
+    (what `attend` returns: score_first's keeps the keys and values apart; a tree's nodes sit at `positions`)."""
     params, config = target.params, target.config
-    q_pos = cache.length + jnp.arange(tokens.shape[0])  # [T]
+    q_pos = cache.length + jnp.arange(tokens.shape[0]) if positions is None else positions  # [T]
     x = params["wte"]["weight"][tokens] + params["wpe"]["weight"][q_pos]  # [T, C]
     k_all, v_all = [], []
     for layer, k_cache, v_cache in zip(params["h"], cache.k, cache.v):
         x, k, v = gpt2.block(x, k_cache, v_cache, q_pos, **layer, n_head=config.n_head,
-                             eps=config.layer_norm_epsilon, matmul=target.matmul, attend=gpt2.cached_attention)
+                             eps=config.layer_norm_epsilon, matmul=target.matmul, attend=attend)
         k_all.append(k)
         v_all.append(v)
     f = gpt2.layer_norm(x, **params["ln_f"], eps=config.layer_norm_epsilon).astype(jnp.float32)  # [T, C]
@@ -146,6 +152,26 @@ def head_step(draft: HeadDraft, target: Model, state, K: int, sampling: Sampling
     verdict = verify(key_accept, key_extra, proposal.drafted, proposal.p, q, sampling.greedy)  # Steps 3, 4
     # The features of the accepted tokens are true ones: the head's next catch-up reads them.
     features = jax.lax.dynamic_update_slice(proposal.cache.f, f, (state.n, 0))  # f[s] = f_{s-1}
+    proposal = proposal._replace(cache=proposal.cache._replace(f=features))
+    return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id, proposal.p, q)  # Step 5
+
+
+def peek_features(target: Model, tokens, cache: KVCache):  # score_first's peek, with f [T, C] for the head
+    f, logits, kept_apart = target_features(target, tokens, cache, attend=attention_apart)
+    return logits, (kept_apart.k, kept_apart.v), f
+
+
+def adaptive_head_step(draft: AdaptiveDraft, target: Model, state, K: int, sampling: Sampling, eos_id: int,
+                       verify=accept_or_resample):
+    """head_step for `--K auto` (adaptive.py: the head wrapped in an AdaptiveDraft drafts K, cut to the
+    policy's k): the target scores the k + 1 positions it needs and hands their features over."""
+    key, key_draft, key_accept, key_extra = jax.random.split(state.key, 4)
+    proposal = draft.propose(state, key_draft, K, sampling)  # Step 1: p's rows past k are zero
+    q, target_cache, f = score_first(target, state.tokens, state.n, proposal, state.target_cache, sampling,
+                                     draft.agree, least=1, peek=peek_features)  # Step 2: f past row k is padding
+    verdict = or_target_alone(verify, draft.agree, key_accept, key_extra, proposal.drafted, proposal.p, q,
+                              sampling.greedy)  # Steps 3, 4
+    features = jax.lax.dynamic_update_slice(proposal.cache.f, f, (state.n, 0))  # the accepted rows are read next
     proposal = proposal._replace(cache=proposal.cache._replace(f=features))
     return advance(state._replace(key=key), proposal, verdict, target_cache, eos_id, proposal.p, q)  # Step 5
 

@@ -56,27 +56,29 @@ def score_sizes(K: int, least: int = 0) -> list[int]:
 
 
 def score_first(target: Model, tokens, n, proposal: Proposal, cache: KVCache, sampling: Sampling, agree=own,
-                least: int = 0):
+                least: int = 0, peek=peek):
     """Step 2 when only d_0..d_{k-1} were proposed: score the fewest positions of score_sizes(K, least) that
     hold those k + 1 (lax.switch runs one compiled branch per size; a few, as every branch costs a little
     even when it does not run, and each is compiled: least, the fewest drafts a proposal holds, leaves out
     the sizes no proposal needs). Returns q [K+1, V], zero past row k. The branches only read the cache
-    (peek), written once after them: a branch that wrote it would make XLA copy every cache buffer each call."""
+    (peek), written once after them: a branch that wrote it would make XLA copy every cache buffer each call.
+    A `peek` that returns more per position (eagle.py's features) has them padded and returned last."""
     K = proposal.drafted.shape[0]
     k = agree(proposal.k)
 
     def first(size):  # x[n-1], d_0..d_{size-2}: the drafts past k are padding, after every real one
         def run(cache):
             scored = jnp.concatenate([jax.lax.dynamic_slice(tokens, (n - 1,), (1,)), proposal.drafted[:size - 1]])
-            logits, (keys, values) = peek(target, scored, cache)  # [size, V], n_layer x [H, size, D]
+            logits, (keys, values), *more = peek(target, scored, cache)  # [size, V], n_layer x [H, size, D]
             q = logits_to_probs(logits, sampling)
             pad = lambda x: jnp.pad(x, ((0, 0), (0, K + 1 - size), (0, 0)))  # noqa: E731  [H, K+1, D]
-            return jnp.pad(q, ((0, K + 1 - size), (0, 0))), [pad(x) for x in keys], [pad(x) for x in values]
+            rows = lambda x: jnp.pad(x, ((0, K + 1 - size), (0, 0)))  # noqa: E731  [K+1, ...]
+            return rows(q), [pad(x) for x in keys], [pad(x) for x in values], [rows(x) for x in more]
         return run
 
     sizes = score_sizes(K, least)
     branch = jnp.sum(jnp.array(sizes) < k + 1)  # the first size that holds k + 1 positions
-    q, keys, values = branch_on_cpu(lambda cache: jax.lax.switch(branch, [first(size) for size in sizes], cache),
+    q, keys, values, more = branch_on_cpu(lambda cache: jax.lax.switch(branch, [first(size) for size in sizes], cache),
                                     first(sizes[-1]), cache)  # [K+1, V], ...: elsewhere, all K + 1 scored
     q = jnp.where(jnp.arange(K + 1)[:, None] <= k, q, 0.0)  # the rows of d_k.. were not proposed
-    return q, append(cache, keys, values)  # rows past k + 1 lie beyond the length the loop keeps
+    return q, append(cache, keys, values), *more  # rows past k + 1 lie beyond the length the loop keeps

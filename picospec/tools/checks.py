@@ -105,7 +105,8 @@ def ngram_max(value):
         raise PicospecError(f"the n-gram draft's max n must be a whole number >= 1, got {value}")
 
 
-def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1, adaptive: bool = False):
+def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1, adaptive: bool = False,
+         confident: bool = False):
     """A model draft must share the target's vocabulary and context; K >= 1; a known verifier; several
     drafts come from a model, with a fixed K and a rule that takes several (match, token)."""
     K(K_max)
@@ -113,11 +114,11 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
         raise PicospecError(f"unknown verifier {rule!r}; use one of {', '.join(RULES)}")
     if not (whole(drafts) and drafts >= 1):
         raise PicospecError(f"drafts must be a whole number >= 1, got {drafts}")
-    if drafts > 1 and (RULES[rule] not in CHAINS or adaptive or not isinstance(draft, Model)):
-        raise PicospecError("several drafts need a draft model, a fixed K and --verify match or token "
+    if drafts > 1 and (RULES[rule] not in CHAINS or adaptive or not isinstance(draft, (Model, HeadDraft))):
+        raise PicospecError("several drafts need a draft model or head, a fixed K and --verify match or token "
                             "(block verification judges one chain; the n-gram lookup has only one)")
     if isinstance(draft, HeadDraft):
-        return head(draft, target, adaptive)
+        return head(draft, target, confident)
     if not isinstance(draft, Model):  # the n-gram draft
         return ngram_max(draft.max_n)
     if draft.config.vocab_size != target.config.vocab_size:
@@ -128,12 +129,12 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
                             f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
 
 
-def head(draft, target: Model, adaptive: bool):  # an EAGLE head: a fixed K, for a target of its shape
+def head(draft, target: Model, confident: bool):  # an EAGLE head, for a target of its shape
     if (draft.config.n_embd, draft.config.vocab_size) != (target.config.n_embd, target.config.vocab_size):
         raise PicospecError("the EAGLE head reads features of another shape than this target's: use the target it "
                             "was trained against")
-    if adaptive:
-        raise PicospecError("the EAGLE head drafts a fixed K: --K auto and --confidence need a draft model")
+    if confident:
+        raise PicospecError("the EAGLE head drafts K tokens, or --K auto's k: --confidence needs a draft model")
 
 
 def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, policy) -> int | None:
@@ -157,9 +158,11 @@ def tree(shape, children: str, draft, target: Model, rule: str, drafts: int, pol
                             "tree.branches(2, 3), or a picospec.beyond.dynamic.Grown")
     if children not in CHILDREN:
         raise PicospecError(f"unknown way to choose a tree's children {children!r}; use one of {', '.join(CHILDREN)}")
-    if not isinstance(draft, Model) or rule != "token" or drafts != 1 or policy is not None:
-        raise PicospecError("a tree needs a draft model and is verified by its own rule: leave --verify, "
+    if not isinstance(draft, (Model, HeadDraft)) or rule != "token" or drafts != 1 or policy is not None:
+        raise PicospecError("a tree needs a draft model or head and is verified by its own rule: leave --verify, "
                             "--drafts and --K auto out")
+    if isinstance(draft, HeadDraft) and isinstance(shape, Grown):
+        raise PicospecError("the EAGLE head grows static trees (--children iid, top or distinct), not dynamic ones")
     if isinstance(shape, Grown):
         return shape.lookahead
     if children == "distinct" and max(shape.parents.count(j) for j in set(shape.parents)) > target.config.vocab_size:

@@ -30,6 +30,7 @@ from picospec.autoregressive import DecodeState
 from picospec.beyond.adaptive import AdaptiveDraft
 from picospec.beyond.dynamic import DynamicDraft, Grown
 from picospec.beyond.eagle import HeadCache, HeadDraft
+from picospec.beyond.eagle_tree import HeadTreeDraft
 from picospec.beyond.loop import ModelDraft, Trace
 from picospec.beyond.ngram import NGramDraft
 from picospec.beyond.policy import Policy
@@ -79,7 +80,7 @@ def decode(value):
 
 for node in (KVCache, SpecState, Trace, DecodeState, ModelDraft, HeadCache):
     export.register_namedtuple_serialization(node, serialized_name=f"picospec.{node.__name__}")
-for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, TreeDraft, DynamicDraft, HeadDraft):
+for node in (Model, Sampling, Policy, AdaptiveDraft, NGramDraft, TreeDraft, DynamicDraft, HeadDraft, HeadTreeDraft):
     export.register_pytree_node_serialization(
         node, serialized_name=f"picospec.{node.__name__}",
         serialize_auxdata=lambda meta: json.dumps([encode(x) for x in meta]).encode(),

@@ -16,7 +16,8 @@ from picospec.beyond import loop
 from picospec.beyond.adaptive import AdaptiveDraft, adaptive_step
 from picospec.beyond.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
 from picospec.beyond.dynamic import DynamicDraft, Grown
-from picospec.beyond.eagle import HeadDraft, head_step
+from picospec.beyond.eagle import HeadDraft, adaptive_head_step, head_step
+from picospec.beyond.eagle_tree import HeadTreeDraft, head_tree_step
 from picospec.beyond.loop import ModelDraft, empty_trace, speculative_step
 from picospec.beyond.ngram import NGramDraft
 from picospec.beyond.policy import fixed
@@ -39,8 +40,13 @@ def plug_in(draft, target: Model, K: int, rule: str = "token", drafts: int = 1, 
     are chosen by `children`)."""
     verify = RULES[rule]
     draft = ModelDraft(draft) if isinstance(draft, Model) else draft.for_target(target)
-    if isinstance(draft, HeadDraft):  # EAGLE: its own iteration hands it the target's features
-        return draft, head_step, verify
+    if isinstance(draft, HeadDraft):  # EAGLE: its own iterations hand it the target's features
+        if policy is not None:
+            return AdaptiveDraft(draft, policy), adaptive_head_step, verify
+        if tree is None or (tree == chain(K) and children != "top" and drafts == 1):
+            return draft, head_step, verify
+        return HeadTreeDraft(draft, tree, children), head_tree_step, (branches_rule(verify, children) if drafts > 1
+                                                                      else verify_tree)
     if isinstance(tree, Grown):  # EAGLE-2's dynamic tree
         table = None if tree.calibration is None else jnp.float32(tree.calibration)  # data, not the program
         return DynamicDraft(draft, tree._replace(calibration=None), table), tree_step, verify_tree
@@ -122,7 +128,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     """
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None)
+    checks.pair(draft, target, K, verify, drafts, policy is not None, policy is not None and bool(policy.threshold > 0))
     K, tree = as_tree(K, drafts, tree)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
@@ -166,7 +172,7 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     weights, across devices."""
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None)
+    checks.pair(draft, target, K, verify, drafts, policy is not None, policy is not None and bool(policy.threshold > 0))
     K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)

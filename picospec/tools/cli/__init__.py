@@ -62,7 +62,7 @@ def load(args):
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
         checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)
-        checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K)
+        checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K, args.confidence > 0)
     return tokenizer, draft, target
 
 
