@@ -1,5 +1,7 @@
 """Many prompts at once: every row is exactly its single-prompt call, and the law holds per row."""
 
+import importlib
+
 import jax
 import numpy as np
 import pytest
@@ -216,3 +218,23 @@ def test_an_iteration_writes_new_positions_and_copies_no_cache():
         d, t, x, n, k, 8, 3, Sampling(0.8), prefill_len, max_len, -1))(x, n, k))
     text = vmapped.lower(ModelDraft(draft), target, tokens, n_prompt, keys).as_text()
     assert len([line for line in text.splitlines() if "stablehlo.select" in line and cache in line]) == 4
+
+
+def test_the_command_lines_one_prompt_is_stepped_as_its_row_copying_no_cache():
+    """A batch of one held as its row (batch.over_rows): XLA:CPU's program for its step allocates
+    nothing cache-sized. The control: the same step on the batch of one, vmapped, copies its caches."""
+    from picospec.fastpath import fast
+    stream = importlib.import_module("picospec.tools.cli.stream")  # the module (the package exports its function)
+    target = fast(random_model(n_layer=2, n_embd=64, vocab_size=16, n_positions=256))  # caches of 256 KB, as loaded
+    tokens, n_prompt, prefill_len, max_len = picospec.beyond.batch.batch_buffers([[1, 2, 3]], 200, 0, target.config)
+    state = stream.autoregressive_starts(target, tokens, n_prompt, jax.random.split(jax.random.key(0), 1),
+                                         prefill_len, max_len)
+    caches = sum(x.nbytes for x in jax.tree_util.tree_leaves(state.cache))
+
+    def allocates(state, n_end):  # bytes of temporaries the compiled, state-donating step needs
+        step = jax.jit(stream.autoregressive_iteration, static_argnames="eos_id", donate_argnums=1)
+        program = step.lower(target, state, n_end, Sampling(0.8), eos_id=-1).compile()
+        return program.memory_analysis().temp_size_in_bytes
+    assert state.n.ndim == 0 and allocates(state, n_prompt[0] + 200) < caches / 4
+    batched = jax.tree_util.tree_map(lambda x: x[None], state)  # the control
+    assert allocates(batched, n_prompt + 200) >= caches
