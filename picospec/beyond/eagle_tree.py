@@ -20,7 +20,7 @@ import numpy as np
 
 from picospec.beyond.eagle import HeadDraft, catch_up, head_forward, target_features
 from picospec.beyond.loop import Proposal, advance
-from picospec.beyond.tree import Shape, TreeProposal, choose, tree_attention
+from picospec.beyond.tree import Shape, TreeProposal, choose_level, tree_attention
 from picospec.beyond.tree_verify import keep_path, verify_tree
 from picospec.gpt2 import KVCache, Model
 from picospec.sampling import Sampling, logits_to_probs
@@ -49,11 +49,7 @@ class HeadTreeDraft:
         g = jnp.zeros((shape.M + 1,) + g_root.shape).at[0].set(g_root)  # [M+1, C]: each node's guessed feature
         keys, parents = jax.random.split(key, shape.M + 1), np.array((0,) + shape.parents)
         for d in range(1, shape.D + 1):
-            for parent in shape.level(d - 1):
-                tried = jnp.zeros(p_root.shape, bool)  # [V]: its children drafted so far
-                for rank, j in enumerate(shape.children(parent)):
-                    token = choose(keys[j], laws[parent], rank, tried, self.children)
-                    tokens, tried = tokens.at[j].set(token), tried.at[token].set(True)
+            tokens = choose_level(tokens, laws, shape, d, keys, self.children)
             fed = shape.level(d)[shape.expanded[shape.level(d)]]  # this level's nodes that have children
             if len(fed):
                 g_fed, logits, after = head_forward(head, g[parents[fed]], tokens[fed], cache,

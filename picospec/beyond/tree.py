@@ -126,6 +126,16 @@ def choose(key, law, rank: int, tried, children: str):  # one child of a node wi
     return sample(key, law)
 
 
+def choose_level(tokens, laws, shape: Shape, d: int, keys, children: str):
+    """tokens [M+1] with level d's nodes chosen, each parent's children in turn from its law (laws [M+1, V])."""
+    for parent in shape.level(d - 1):
+        tried = jnp.zeros(laws.shape[1], bool)  # [V]: its children drafted so far
+        for rank, j in enumerate(shape.children(parent)):
+            token = choose(keys[j], laws[parent], rank, tried, children)
+            tokens, tried = tokens.at[j].set(token), tried.at[token].set(True)
+    return tokens
+
+
 @partial(jax.tree_util.register_dataclass, data_fields=["draft"], meta_fields=["shape", "children"])
 @dataclass(frozen=True)
 class TreeDraft:
@@ -148,11 +158,7 @@ class TreeDraft:
         laws = jnp.zeros((shape.M + 1,) + p_root.shape).at[0].set(p_root)  # [M+1, V]
         keys = jax.random.split(key, shape.M + 1)
         for d in range(1, shape.D + 1):
-            for parent in shape.level(d - 1):
-                tried = jnp.zeros(p_root.shape, bool)  # [V]: its children drafted so far
-                for rank, j in enumerate(shape.children(parent)):
-                    token = choose(keys[j], laws[parent], rank, tried, self.children)
-                    tokens, tried = tokens.at[j].set(token), tried.at[token].set(True)
+            tokens = choose_level(tokens, laws, shape, d, keys, self.children)
             fed = shape.level(d)[shape.expanded[shape.level(d)]]  # this level's nodes that have children
             if len(fed):
                 logits, cache = feed(model, tokens[fed], cache, base, fed, shape)  # [T, V]
