@@ -129,6 +129,10 @@ def pair(draft, target: Model, K_max: int, rule: str = "token", drafts: int = 1,
                             f"target's ({target.config.n_positions}); pick a draft with at least as long a context")
 
 
+def confident(policy) -> bool:  # the policy stops on a confidence threshold (one traced under an outer jit: unknown)
+    return policy is not None and not isinstance(policy.threshold, jax.core.Tracer) and float(policy.threshold) > 0
+
+
 def head(draft, target: Model, confident: bool):  # an EAGLE head, for a target of its shape
     if (draft.config.n_embd, draft.config.vocab_size) != (target.config.n_embd, target.config.vocab_size):
         raise PicospecError("the EAGLE head reads features of another shape than this target's: use the target it "

@@ -128,7 +128,7 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     """
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None, policy is not None and bool(policy.threshold > 0))
+    checks.pair(draft, target, K, verify, drafts, policy is not None, checks.confident(policy))
     K, tree = as_tree(K, drafts, tree)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
@@ -172,7 +172,7 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     weights, across devices."""
     sampling = checks.sampling(temperature, top_k, top_p)
     K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None, policy is not None and bool(policy.threshold > 0))
+    checks.pair(draft, target, K, verify, drafts, policy is not None, checks.confident(policy))
     K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)
