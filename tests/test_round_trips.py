@@ -29,7 +29,7 @@ def pair():
 
 
 def samplers_of(draft, target):
-    keys = jax.random.split(KEY, 2)
+    keys, head = jax.random.split(KEY, 2), picospec.load_head("tiny-head", target)
     return {
         "autoregressive": (lambda: picospec.autoregressive_sample(target, P, 8, KEY, **SAMPLED), 1),
         "autoregressive batch": (lambda: picospec.autoregressive_sample_batch(target, [P, P[:2]], 8, keys,
@@ -46,6 +46,11 @@ def samplers_of(draft, target):
         "--K auto": (lambda: picospec.speculative_sample(draft, target, P, 8, KEY, K=4, policy=AUTO, **SAMPLED), 2),
         "--K auto, batch": (lambda: picospec.speculative_sample_batch(draft, target, [P, P[:2]], 8, keys, K=4,
                                                                       policy=AUTO, **SAMPLED), 2),
+        "EAGLE head": (lambda: picospec.speculative_sample(head, target, P, 8, KEY, K=4, **SAMPLED), 1),
+        "EAGLE head, tree 2x3": (lambda: picospec.speculative_sample(head, target, P, 8, KEY, tree=branches(2, 3),
+                                                                     **SAMPLED), 1),
+        "EAGLE head, --K auto": (lambda: picospec.speculative_sample(head, target, P, 8, KEY, K=4, policy=AUTO,
+                                                                     **SAMPLED), 1),  # it drafts K, cut to k: no loop
     }
 
 
