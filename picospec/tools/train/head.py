@@ -31,6 +31,7 @@ from picospec.tools.train.corpus import corpus
 
 WINDOW, BATCH, STEPS, LR = 256, 8, 10000, 3e-3  # 3e-3 learned fastest of 1e-3, 3e-3, 1e-2 (150 steps)
 NOISE, W_CLS = 0.1, 0.1  # EAGLE-1's feature noise and token-loss weight
+HELD_OUT = 20  # prompts of 32 held-out tokens, each continued by 64, measure the acceptance (as the pair's report)
 
 
 @jax.jit
@@ -135,7 +136,7 @@ def main(out: Path, seed: int, steps: int = STEPS, log=print):
     params, curve = train_head(target, tokens, steps, seed, log)
     head = HeadDraft(jax.tree_util.tree_map(lambda x: x.astype(np.float16).astype(np.float32), params),
                      target.config, target)  # as the file will hold it
-    prompts = [held[s:s + 32] for s in np.random.default_rng(seed).integers(0, len(held) - 32, 20)]
+    prompts = [held[s:s + 32] for s in np.random.default_rng(seed).integers(0, len(held) - 32, HELD_OUT)]
     report = {"seed": seed, "steps": steps, "window": WINDOW, "batch": BATCH, "learning_rate": LR,
               "noise": NOISE, "token_loss_weight": W_CLS, "target": "tiny-target", "curve": curve,
               "held_out": {}}
