@@ -77,15 +77,15 @@ def test_a_run_time_branch_in_the_draft_step_is_counted(pair, monkeypatch, reque
 
 def accelerator_forms(monkeypatch):  # fastpath.branch_on_cpu's other side, wherever it is used
     for module in ("picospec.beyond.score_first", "picospec.beyond.adaptive", "picospec.beyond.policy",
-                   "picospec.tools.cli.stream"):
+                   "picospec.tools.cli.iterations"):
         monkeypatch.setattr(importlib.import_module(module), "branch_on_cpu",
                             lambda cpu, elsewhere, *args: elsewhere(*args))
 
 
 def test_the_streamed_batch_in_its_accelerator_form_gives_the_same_tokens(capsys, monkeypatch, tmp_path):
-    """The CLI dispatches one iteration ahead of what it reads; on an accelerator that iteration runs even
-    when every row has finished, keeping each row that was not active: the rows (of different lengths,
-    so they finish apart) get the tokens the CPU's branch gives."""
+    """The CLI dispatches several iterations at once; on an accelerator those past the end run even when
+    every row has finished, keeping each row that was not active: the rows (of different lengths, so
+    they finish apart) get the tokens the CPU's branch gives."""
     from test_cli import PAIR, run_cli
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("And God said\nIn\nAnd the LORD spake unto Moses, saying\n")

@@ -4,8 +4,8 @@ One path for one prompt or many: the state is batched (one prompt a batch of one
 iteration steps all rows with the very step functions that `speculative_sample` and
 `autoregressive_sample` loop over, vmapped as picospec.beyond.batch vmaps them, keeping what the finished
 rows produced. Each row's tokens are therefore exactly those of the single-prompt samplers. The
-programs are compiled ahead of time, so that compile time is measured apart, and one small read per
-iteration comes back to the host.
+programs (iterations.py) are compiled ahead of time, so that compile time is measured apart; a dispatch
+runs several iterations, and one small read per dispatch comes back to the host.
 """
 
 import inspect
@@ -15,29 +15,26 @@ from functools import partial
 from typing import Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from picospec.autoregressive import autoregressive_start, autoregressive_step
 from picospec.beyond.adaptive import AdaptiveDraft
-from picospec.beyond.batch import (
-    batch_buffers,
-    batch_drafting,
-    batch_start,
-    batch_step,
-    in_batch,
-    keep_finished,
-    over_rows,
-    unfinished,
-)
-from picospec.beyond.loop import target_alone
-from picospec.fastpath import branch_on_cpu
+from picospec.beyond.batch import batch_buffers
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.autotune.costs import warm
-from picospec.tools.cli.steps import Step, cut, step_from_row, trace_row
-from picospec.tools.memory import check_memory, compiled_need
+from picospec.tools.cli.iterations import (
+    autoregressive_iteration,
+    autoregressive_starts,
+    run_ahead,
+    run_ahead_for,
+    speculative_iteration,
+    speculative_starts,
+    target_alone_iteration,
+    weights_read,
+)
+from picospec.tools.cli.steps import Step, cut, step_from_row
+from picospec.tools.memory import check_memory, compiled_need, run_device
 from picospec.tools.programs import compiled
 from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
 
@@ -68,66 +65,6 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
 
 def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved program: a repeated run traces nothing
     return compiled(prior_stops, (policy,), {"B": B})(policy)
-
-
-def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
-    """Every row's state before its first step (autoregressive.autoregressive_start, vmapped)."""
-    row = lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len)  # noqa: E731
-    return lone(jax.vmap(row)(tokens, n_prompt, keys))
-
-
-def speculative_starts(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
-    """Every row's state before its first iteration (batch.batch_start)."""
-    return lone(batch_start(draft, target, tokens, n_prompt, keys, K, prefill_len, max_len))
-
-
-def lone(state):
-    """A batch of one held as its row (batch.over_rows says why); larger batches as they are."""
-    return jax.tree_util.tree_map(lambda x: x[0], state) if len(state.n) == 1 else state
-
-
-def as_batch(state, report):  # the host reads [B] arrays, a lone row's as a batch of one
-    return report if state.n.ndim else jax.tree_util.tree_map(lambda x: x[None], report)
-
-
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
-    """Every unfinished row's iteration while the draft drafts; returns the state, and the one read the
-    host makes: which rows ran, which still run, the trace row each wrote (all [B]), and whether the
-    draft still drafts (once it stopped for good, the host runs `target_alone_iteration` instead)."""
-    draft = in_batch(draft)
-    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), draft, state, n_end,
-                          batch_drafting(draft, state))
-
-
-def target_alone_iteration(draft, target, state, n_end, sampling, K, eos_id):
-    """speculative_iteration once the draft has stopped for good: the target's own steps."""
-    draft = in_batch(draft)
-    return rows_iteration(lambda row: target_alone(draft, target, row, K, sampling, eos_id), draft, state, n_end, True)
-
-
-def rows_iteration(one_row, draft, state, n_end, going):
-    active = unfinished(state, n_end) & going  # [B]
-    state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
-    rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
-    rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
-    return state, (*as_batch(state, (active, unfinished(state, n_end), rows)), batch_drafting(draft, state))
-
-
-def autoregressive_iteration(model, state, n_end, sampling, eos_id):
-    """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
-    active = unfinished(state, n_end)  # [B]
-    state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
-    newest = over_rows(lambda row: row.tokens[row.n - 1], state)
-    return state, as_batch(state, (active, unfinished(state, n_end), newest))
-
-
-def skip_when_finished(active, step, state):
-    """step(state), or nothing at all once every row is finished: the stream dispatches one
-    iteration ahead of what it has read, and the last of those finds nothing to do. (On an accelerator it
-    runs the step all the same, branch-free, and keeps every row that was not active as it was.)"""
-    return branch_on_cpu(lambda state: jax.lax.cond(jnp.any(active), step, lambda s: s, state),
-                         lambda state: keep_finished(active, step(state), state), state)
 
 
 WARM_TOKENS = 4096  # a larger prefill is not run first to warm it: there it would cost more than it spares
@@ -166,35 +103,45 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
-    step, s2 = compile_now(iteration, *models, state, n_end, sampling, donate=("state",), B=len(prompts), **options)
+    n = run_ahead_for(weights_read(models, 0 if draft is None else K), run_device().platform)
+
+    def program(iteration, options):  # n iterations a dispatch, compiled: (it, seconds)
+        return compile_now(run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
+                           each=iteration, n=n, **options)
+    step, s2 = program(iteration, options)
     if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
-        s2 += warm(step, *models, state, n_end, sampling)
+        s2 += warm(lambda *models_state: step(models_state[:2], *models_state[2:]), *models, state, n_end, sampling)
     timing.compile_seconds += s1 + s2
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
-    produced = np.zeros(len(prompts), int)
-    state, report = step(*models, state, n_end, sampling)
+    produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
+    state, report = step(models, state, n_end, sampling)
     while True:
-        # Dispatch the next iteration before reading this one's report (the one transfer of an
-        # iteration): the device runs it while the host reads, decodes and prints.
-        state, next_report = step(*models, state, n_end, sampling)
-        ran, running, rows, *drafting = jax.device_get(report)
-        if draft is not None:  # nothing sampled from a model that overflowed is shown
-            checks.finite(rows, *pair)
-        if drafting and not drafting[0] and iteration is speculative_iteration:  # the draft stopped for good
-            iteration, options = target_alone_iteration, dict(K=K, eos_id=eos_id)
-            step, spent = compile_now(iteration, *models, state, n_end, sampling, donate=("state",),
-                                      B=len(prompts), **options)
-            timing.compile_seconds, t_start = timing.compile_seconds + spent, t_start + spent
-        seconds = time.perf_counter() - t_start
-        steps = [None] * len(prompts)
-        for b in np.flatnonzero(ran):
-            row = jax.tree_util.tree_map(lambda x: x[b], rows)
-            steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if draft is not None
-                        else Step(cut([int(row)], n_tokens - produced[b], eos_id), proposed=not alone))
-            steps[b].finished, steps[b].seconds = not running[b], seconds
-            produced[b] += len(steps[b].tokens)
-        yield steps
-        if not running.any():
+        # Dispatch the next n iterations before reading these (one transfer): the device runs them while
+        # the host reads, decodes and prints. Only when they are surely needed, so the device does not
+        # run n idle iterations at the end: some row still wants more than these can add.
+        ahead = (n_tokens - produced).max() > most
+        if ahead:
+            state, next_report = step(models, state, n_end, sampling)
+        ran, running, rows, *drafting = jax.device_get(report)  # [n, B] each; rows: a Trace of [n, B] fields
+        for i in np.flatnonzero(ran.any(-1)):
+            if draft is not None and not rows.finite[i].all():  # nothing sampled from a model that overflowed
+                checks.finite(jax.tree_util.tree_map(lambda x: x[i], rows), *pair)  # is shown: this raises
+            seconds = time.perf_counter() - t_start
+            steps = [None] * len(prompts)
+            for b in np.flatnonzero(ran[i]):
+                row = jax.tree_util.tree_map(lambda x: x[i, b], rows)
+                steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if draft is not None
+                            else Step(cut([int(row)], n_tokens - produced[b], eos_id), proposed=not alone))
+                steps[b].finished, steps[b].seconds = not running[i, b], seconds
+                produced[b] += len(steps[b].tokens)
+            yield steps
+        if not running[-1].any():
             break
+        if drafting and not drafting[0][-1] and iteration is speculative_iteration:  # the draft stopped for good
+            iteration, options = target_alone_iteration, dict(K=K, eos_id=eos_id)
+            step, spent = program(iteration, options)  # from the next dispatch on (any ahead drafts none)
+            timing.compile_seconds, t_start = timing.compile_seconds + spent, t_start + spent
+        if not ahead:
+            state, next_report = step(models, state, n_end, sampling)
         report = next_report
     timing.seconds += seconds

@@ -1,0 +1,108 @@
+"""What the stream runs on the device: every row's state before its first iteration, one iteration of every
+row, and `run_ahead`, n iterations in one program, with how many a dispatch should hold (`run_ahead_for`).
+An iteration returns the state and the one read the host makes: which rows ran, which still run, and
+what each wrote."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from picospec.autoregressive import autoregressive_start, autoregressive_step
+from picospec.beyond.batch import (
+    batch_drafting,
+    batch_start,
+    batch_step,
+    in_batch,
+    keep_finished,
+    over_rows,
+    unfinished,
+)
+from picospec.beyond.loop import target_alone
+from picospec.fastpath import branch_on_cpu
+from picospec.tools.cli.steps import trace_row
+
+
+def autoregressive_starts(model, tokens, n_prompt, keys, prefill_len: int, max_len: int):
+    """Every row's state before its first step (autoregressive.autoregressive_start, vmapped)."""
+    row = lambda x, n, key: autoregressive_start(model, x, n, key, prefill_len, max_len)  # noqa: E731
+    return lone(jax.vmap(row)(tokens, n_prompt, keys))
+
+
+def speculative_starts(draft, target, tokens, n_prompt, keys, K: int, prefill_len: int, max_len: int):
+    """Every row's state before its first iteration (batch.batch_start)."""
+    return lone(batch_start(draft, target, tokens, n_prompt, keys, K, prefill_len, max_len))
+
+
+def lone(state):
+    """A batch of one held as its row (batch.over_rows says why); larger batches as they are."""
+    return jax.tree_util.tree_map(lambda x: x[0], state) if len(state.n) == 1 else state
+
+
+def as_batch(state, report):  # the host reads [B] arrays, a lone row's as a batch of one
+    return report if state.n.ndim else jax.tree_util.tree_map(lambda x: x[None], report)
+
+
+def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
+    """Every unfinished row's iteration while the draft drafts; returns the state, and the one read the
+    host makes: which rows ran, which still run, the trace row each wrote (all [B]), and whether the
+    draft still drafts (once it stopped for good, the host runs `target_alone_iteration` instead)."""
+    draft = in_batch(draft)
+    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), draft, state, n_end,
+                          batch_drafting(draft, state))
+
+
+def target_alone_iteration(draft, target, state, n_end, sampling, K, eos_id):
+    """speculative_iteration once the draft has stopped for good: the target's own steps."""
+    draft = in_batch(draft)
+    return rows_iteration(lambda row: target_alone(draft, target, row, K, sampling, eos_id), draft, state, n_end, True)
+
+
+def rows_iteration(one_row, draft, state, n_end, going):
+    active = unfinished(state, n_end) & going  # [B]
+    state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
+    rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
+    rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
+    return state, (*as_batch(state, (active, unfinished(state, n_end), rows)), batch_drafting(draft, state))
+
+
+def autoregressive_iteration(model, state, n_end, sampling, eos_id):
+    """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
+    active = unfinished(state, n_end)  # [B]
+    state = skip_when_finished(active, lambda s: batch_step(
+        lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
+    newest = over_rows(lambda row: row.tokens[row.n - 1], state)
+    return state, as_batch(state, (active, unfinished(state, n_end), newest))
+
+
+def run_ahead(models, state, n_end, sampling, each, n: int, **options):
+    """n iterations of `each` (an iteration above) in one program, their reports stacked [n, ...]: a scan
+    of static length, so on an accelerator the device runs all n without waiting for the host, and
+    the host pays one dispatch and one read for them. Iterations past the last row's end do nothing."""
+    return jax.lax.scan(lambda state, _: each(*models, state, n_end, sampling, **options), state, length=n)
+
+
+def skip_when_finished(active, step, state):
+    """step(state), or nothing at all once every row is finished: a dispatch of n iterations runs past
+    the last row's end. (On an accelerator it runs the step all the same, branch-free, and keeps every
+    row that was not active as it was.)"""
+    return branch_on_cpu(lambda state: jax.lax.cond(jnp.any(active), step, lambda s: s, state),
+                         lambda state: keep_finished(active, step(state), state), state)
+
+
+SHOW_EVERY = 0.05  # seconds: a dispatch holds about this much work, at most MOST_AHEAD iterations (run_ahead_for)
+MOST_AHEAD = 8
+BANDWIDTH = {"cpu": 30e9}  # bytes/s a platform's memory streams (accelerators: 1e12 or more)
+
+
+def run_ahead_for(read: int, platform: str) -> int:
+    """Iterations a dispatch, for an iteration that reads `read` bytes of weights: as many as the platform's
+    memory streams in SHOW_EVERY, from 1 to MOST_AHEAD. A dispatch and a read cost the host a fixed time
+    (~0.3 ms on a 2-core CPU; on a GPU the device idles while the host reads), which a tiny model's
+    iteration does not hide; GPT-2 1558M's on a CPU (~0.3 s) does, and a token shown 8 iterations late
+    there is seconds late."""
+    return int(np.clip(SHOW_EVERY * BANDWIDTH.get(platform, 1e12) // read, 1, MOST_AHEAD))
+
+
+def weights_read(models, K: int) -> int:  # bytes an iteration reads: K draft calls and a target call
+    weights = [sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(model)) for model in models]
+    return weights[-1] + K * sum(weights[:-1])
