@@ -131,18 +131,21 @@ def test_a_race_takes_its_contenders_in_the_reverse_order_every_other_round():
     assert called == ["b", "a"]  # round 1 of a race run one round a call
 
 
-@pytest.mark.slow  # about 2.5 minutes on 2 cores: --K auto times its iterations first
+@pytest.mark.slow  # about 4 minutes on 2 cores: --K auto times its iterations first, the CLI runs twice
 def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, capsys):
-    """benchmarks/gpu.py --cpu: the GPU's command with small settings. Its figures are sane: every
-    contender made tokens, an iteration costs at least a fraction of its floor, v(K) and c are positive
-    and theory's speedup is what walltime_improvement gives from them."""
+    """benchmarks/gpu.py --cpu: the GPU's command with small settings. Its figures are sane: compile
+    times are positive, every contender made tokens, an iteration costs at least a fraction of its
+    floor, v(K) and c are positive, the target's time at its full depth (the deeper of the two timed
+    here) is the one extrapolated, theory's speedup is what walltime_improvement gives from them, and
+    the CLI and the library both made tokens; no part was skipped."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("gpu", Path(__file__).parents[1] / "benchmarks" / "gpu.py")
     gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu)
     gpu.main(["--cpu", "--json", str(tmp_path / "gpu.json")])
     report = json.loads((tmp_path / "gpu.json").read_text())
-    assert [(r["B"], r["T"]) for r in report["bundled"]] == [(1, 0.0), (1, 0.8)]
+    assert report["compile"]["cli_compile_s"] > 0 and report["compile"]["sampler_compile_s"] > 0
+    assert [(r["B"], r["T"]) for r in report["bundled"]] == [(1, 0.0), (1, 0.8)] and not report["skipped"]
     for row in report["bundled"]:
         assert set(row["tokens_per_s"]) == {"autoregressive", "K=2", "auto", "head K=2"}  # the head: B = 1
         assert min(row["tokens_per_s"].values()) > 0
@@ -152,6 +155,9 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, cap
         assert row["c"] > 0 and set(row["v"]) == {"1", "2"} and min(row["v"].values()) > 0
         K, speedup = row["theory"]["0.8"]["K"], row["theory"]["0.8"]["speedup"]
         assert speedup == pytest.approx(float(theory.walltime_improvement(0.8, K, row["c"], row["v"][str(K)])))
+        assert row["target_ms_per_token"] == pytest.approx(row["target_ms_per_token_measured"])  # depth 4 of 4
+    assert set(report["cli"]) == {"autoregressive", "speculative"}
+    assert all(r["cli"] > 0 and r["library"] > 0 for r in report["cli"].values())
     assert "| float32 |" in capsys.readouterr().out
 
 
