@@ -11,28 +11,32 @@ import jax
 import jax.numpy as jnp
 
 
+SHARED_K = 64  # every top-k up to this shares one program; larger ones, one per power of two
+
+
 @partial(jax.tree_util.register_dataclass, data_fields=["temperature", "top_k", "top_p"],
-         meta_fields=["greedy", "cuts_k", "cuts_p"])
+         meta_fields=["greedy", "k_bound", "cuts_p"])
 @dataclass(frozen=True)
 class Sampling:
     """How logits become a distribution: temperature, then top-k, then top-p. Under jit the three
-    numbers are traced, so a new temperature, top-k or top-p runs the program already compiled;
-    only whether each applies is static: `greedy` (temperature 0: an exact argmax), `cuts_k` (top-k
-    on) and `cuts_p` (top-p on). So the compiled program never branches on a value at run time (on a
-    GPU such a branch waits for the host to read it)."""
+    numbers are traced, so a new temperature, top-p or top-k (up to SHARED_K) runs the program already
+    compiled; only whether each applies is static: `greedy` (temperature 0: an exact argmax), `k_bound`
+    (top-k on: the size of the lax.top_k that finds the k-th largest) and `cuts_p` (top-p on). So the
+    compiled program never branches on a value at run time (on a GPU such a branch waits for the host)."""
 
     temperature: float = 1.0  # 0 means argmax exactly: a one-hot distribution
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     top_p: float = 1.0  # then keep the fewest most likely tokens whose mass reaches top_p
     greedy: bool | None = None  # temperature == 0; set when made (jax rebuilds it with the traced numbers)
-    cuts_k: bool | None = None  # top_k > 0, likewise
+    k_bound: int | None = None  # 0 when top_k is 0, else SHARED_K or the power of two >= top_k, likewise
     cuts_p: bool | None = None  # top_p < 1, likewise
 
     def __post_init__(self):
         if self.greedy is None:
             object.__setattr__(self, "greedy", self.temperature == 0)
-        if self.cuts_k is None:
-            object.__setattr__(self, "cuts_k", self.top_k > 0)
+        if self.k_bound is None:
+            k = int(self.top_k)
+            object.__setattr__(self, "k_bound", 0 if k <= 0 else max(SHARED_K, 1 << (k - 1).bit_length()))
         if self.cuts_p is None:
             object.__setattr__(self, "cuts_p", self.top_p < 1)
 
@@ -43,21 +47,29 @@ def logits_to_probs(logits, sampling: Sampling):  # [..., V] -> [..., V]
         one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
         return jnp.where(jnp.isfinite(logits).all(axis=-1, keepdims=True), one_hot, jnp.nan)
     logits = logits / sampling.temperature
-    if sampling.cuts_k:
-        logits = keep_top_k(logits, sampling.top_k)
+    if sampling.k_bound:
+        logits = keep_top_k(logits, sampling.top_k, sampling.k_bound)
     probs = jax.nn.softmax(logits, axis=-1)
-    return keep_top_p(probs, sampling.top_p) if sampling.cuts_p else probs
+    return keep_top_p(probs, sampling.top_p, sampling.k_bound) if sampling.cuts_p else probs
 
 
-def keep_top_k(logits, k):  # [..., V], int32 [] k >= 1 -> [..., V]: the k largest (and ties with the k-th)
-    desc = -jnp.sort(-logits, axis=-1)  # [..., V] largest first
-    kth = jnp.take(desc, jnp.minimum(k, logits.shape[-1]) - 1, axis=-1)[..., None]  # [..., 1]
+def largest(x, n: int):  # [..., V] -> [..., min(n, V)], largest first (n = 0: all of them, sorted)
+    # lax.top_k rather than a sort of the vocabulary: XLA:CPU sorts GPT-2's 50,257 logits in 14.5 ms, and
+    # finds the 64 largest in 0.15 ms.
+    return jax.lax.top_k(x, min(n, x.shape[-1]))[0] if n else -jnp.sort(-x, axis=-1)
+
+
+def keep_top_k(logits, k, k_bound: int):  # [..., V], int32 [] 1 <= k <= k_bound -> [..., V]: the k largest
+    top = largest(logits, k_bound)  # [..., k_bound]                  (and ties with the k-th)
+    kth = jnp.take(top, jnp.minimum(k, top.shape[-1]) - 1, axis=-1)[..., None]  # [..., 1]
     return jnp.where(logits < kth, -jnp.inf, logits)
 
 
-def keep_top_p(probs, top_p):  # [..., V], float [] in (0, 1) -> [..., V] renormalized
-    desc = -jnp.sort(-probs, axis=-1)  # [..., V] most likely first
-    mass_before = jnp.cumsum(desc, axis=-1) - desc  # [..., V]
+def keep_top_p(probs, top_p, k_bound: int = 0):  # [..., V], float [] in (0, 1) -> [..., V] renormalized
+    # After top-k every token outside the k_bound largest has probability 0 (ties with the k-th past
+    # them included: the cutoff below comes out the same), so the nucleus is found among those.
+    desc = largest(probs, k_bound)  # [..., k_bound or V] most likely first
+    mass_before = jnp.cumsum(desc, axis=-1) - desc  # [..., k_bound or V]
     # The smallest probability still kept; ties with it are kept too.
     cutoff = jnp.min(jnp.where(mass_before < top_p, desc, 1.0), axis=-1, keepdims=True)
     probs = jnp.where(probs >= cutoff, probs, 0.0)

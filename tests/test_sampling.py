@@ -117,8 +117,8 @@ def test_numpy_integers_are_whole_numbers_for_top_k():
 
 def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):
     """temperature, top-k and top-p are traced values; only whether each applies is static: greedy
-    (temperature 0), top-k on (> 0), top-p on (< 1). A run-time branch on them would make every draft step
-    wait for the host on a GPU (tests/test_round_trips.py)."""
+    (temperature 0), top-k on (its bound: every top-k up to 64 shares one), top-p on (< 1). A run-time
+    branch on them would make every draft step wait for the host on a GPU (tests/test_round_trips.py)."""
     target = random_model(vocab_size=12)
     draft = random_model(seed=1, n_layer=1, vocab_size=12)
     key = jax.random.key(0)
@@ -134,10 +134,53 @@ def test_a_new_temperature_top_k_or_top_p_compiles_nothing(compiles):
         run(**kw)
     assert compiles.count == before
     # The controls: the counter does see a compile for each static switch.
-    for kw in (dict(temperature=0.8, top_p=0.8), dict(temperature=0.8, top_k=3), dict(temperature=0)):
+    for kw in (dict(temperature=0.8, top_p=0.8), dict(temperature=0.8, top_k=3), dict(temperature=0),
+               dict(temperature=0.8, top_k=65, top_p=0.8)):
         run(**kw)
         assert compiles.count > before
         before = compiles.count
+
+
+def by_sorting(logits, k: int, p: float):  # [..., V]: the definition, on the whole vocabulary sorted (numpy)
+    logits = np.asarray(logits, np.float64)
+    if k:
+        kth = -np.sort(-logits, axis=-1)[..., min(k, logits.shape[-1]) - 1, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    if p < 1:
+        desc = -np.sort(-probs, axis=-1)
+        before = np.cumsum(desc, axis=-1) - desc  # the mass of the tokens more likely than each
+        cutoff = np.where(before < p, desc, 1.0).min(-1, keepdims=True)
+        probs = np.where(probs >= cutoff, probs, 0.0)
+        probs /= probs.sum(-1, keepdims=True)
+    return probs
+
+
+@pytest.mark.parametrize("V", [50, 300])
+def test_top_k_and_top_p_from_the_largest_are_the_definition_on_the_sorted_vocabulary(V):
+    """top-k and top-p find the k-th largest and the nucleus with lax.top_k of k_bound (64, or a power
+    of two), not a sort of the vocabulary: the same tokens kept, and the same law, as the definition
+    on the whole vocabulary sorted, for k below and past the bound, and logits rounded to a coarse grid
+    so that many tie, at the k-th largest too (ties with it are kept, past the bound as well)."""
+    rng = np.random.default_rng(0)
+    logits = np.round(rng.normal(size=(40, V)) * 2) / 2  # [40, V], heavy ties
+    logits[:, :70] = 1.0  # 70 tokens tie for the largest: past a bound of 64
+    for k, p in [(1, 1.0), (5, 1.0), (20, 0.9), (64, 0.5), (65, 0.99), (100, 1.0), (0, 0.8), (3, 0.3)]:
+        ours = np.asarray(logits_to_probs(jnp.float32(logits), Sampling(1.0, k, p)))
+        want = by_sorting(logits, k, p)
+        np.testing.assert_array_equal(ours > 0, want > 0, err_msg=f"k={k} p={p}")
+        np.testing.assert_allclose(ours, want, atol=1e-6, err_msg=f"k={k} p={p}")
+    assert Sampling(1.0, 20).k_bound == Sampling(1.0, 64).k_bound == 64 and Sampling(1.0, 65).k_bound == 128
+
+
+def test_top_k_sorts_no_vocabulary():
+    """With top-k on, the program holds no sort of the vocabulary (lax.top_k instead; with top-p, the
+    nucleus is found among the k_bound largest); the control: top-p alone still sorts it."""
+    def ops(**kw):
+        return jax.jit(logits_to_probs).lower(jnp.zeros((5, 2048)), Sampling(0.8, **kw)).as_text()
+    assert "stablehlo.sort" not in ops(top_k=20, top_p=0.9) and "stablehlo.sort" not in ops(top_k=20)
+    assert "top_k" in ops(top_k=20, top_p=0.9) and "stablehlo.sort" in ops(top_p=0.9)
 
 
 def test_traced_top_k_and_top_p_match_the_definition_under_jit():
