@@ -10,7 +10,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-
 SHARED_K = 64  # every top-k up to this shares one program; larger ones, one per power of two
 
 

@@ -520,7 +520,8 @@ def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loop
             mine, its = getattr(got_trace, name), getattr(trace, name)
             np.testing.assert_array_equal(mine[b, :steps], its[b, :steps], err_msg=name)
     rows = [[], [], []]  # the CLI's stream: the target's own program, shown as the loop's k = 0 steps
-    monkeypatch.setattr(sys.modules["picospec.tools.cli.iterations"], "batch_start", None)  # its speculative start: not run
+    iterations = sys.modules["picospec.tools.cli.iterations"]
+    monkeypatch.setattr(iterations, "batch_start", None)  # its speculative start: not run
     for iteration in stream(DRAFT, TARGET, prompts, n, keys, K=K, sampling=Sampling(0.8),
                             eos_id=TARGET.config.eos_token_id, policy=doubtful):
         for b, step in enumerate(iteration):
