@@ -17,11 +17,10 @@ SHARED_K = 64  # every top-k up to this shares one program; larger ones, one per
          meta_fields=["greedy", "k_bound", "cuts_p"])
 @dataclass(frozen=True)
 class Sampling:
-    """How logits become a distribution: temperature, then top-k, then top-p. Under jit the three
-    numbers are traced, so a new temperature, top-p or top-k (up to SHARED_K) runs the program already
-    compiled; only whether each applies is static: `greedy` (temperature 0: an exact argmax), `k_bound`
-    (top-k on: the size of the lax.top_k that finds the k-th largest) and `cuts_p` (top-p on). So the
-    compiled program never branches on a value at run time (on a GPU such a branch waits for the host)."""
+    """How logits become a distribution: temperature, then top-k, then top-p. Under jit the numbers are
+    traced: a new temperature, top-p or top-k (up to SHARED_K) runs the program already compiled. Only
+    whether each applies is static: `greedy`, `k_bound` (top-k's lax.top_k size) and `cuts_p`, so the
+    program never branches on a value at run time (on a GPU such a branch waits for the host)."""
 
     temperature: float = 1.0  # 0 means argmax exactly: a one-hot distribution
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
@@ -33,9 +32,8 @@ class Sampling:
     def __post_init__(self):
         if self.greedy is None:
             object.__setattr__(self, "greedy", self.temperature == 0)
-        if self.k_bound is None:
-            k = int(self.top_k)
-            object.__setattr__(self, "k_bound", 0 if k <= 0 else max(SHARED_K, 1 << (k - 1).bit_length()))
+        if self.k_bound is None:  # 0 (off), SHARED_K, or above it the power of two >= top_k
+            object.__setattr__(self, "k_bound", max(SHARED_K, 1 << int(self.top_k - 1).bit_length()) * (self.top_k > 0))
         if self.cuts_p is None:
             object.__setattr__(self, "cuts_p", self.top_p < 1)
 
@@ -52,25 +50,22 @@ def logits_to_probs(logits, sampling: Sampling):  # [..., V] -> [..., V]
     return keep_top_p(probs, sampling.top_p, sampling.k_bound) if sampling.cuts_p else probs
 
 
-def largest(x, n: int):  # [..., V] -> [..., min(n, V)], largest first (n = 0: all of them, sorted)
-    # lax.top_k rather than a sort of the vocabulary: XLA:CPU sorts GPT-2's 50,257 logits in 14.5 ms, and
-    # finds the 64 largest in 0.15 ms.
+def largest(x, n: int):  # [..., V] -> [..., min(n, V)], largest first (n = 0: all V sorted)
+    # Not a sort of the vocabulary: XLA:CPU sorts GPT-2's 50,257 logits in 14.5 ms, finds the 64 largest in 0.15.
     return jax.lax.top_k(x, min(n, x.shape[-1]))[0] if n else -jnp.sort(-x, axis=-1)
 
 
-def keep_top_k(logits, k, k_bound: int):  # [..., V], int32 [] 1 <= k <= k_bound -> [..., V]: the k largest
-    top = largest(logits, k_bound)  # [..., k_bound]                  (and ties with the k-th)
+def keep_top_k(logits, k, k_bound: int):  # [..., V], 1 <= k <= k_bound -> [..., V]: the k largest, ties kept
+    top = largest(logits, k_bound)  # [..., k_bound]
     kth = jnp.take(top, jnp.minimum(k, top.shape[-1]) - 1, axis=-1)[..., None]  # [..., 1]
     return jnp.where(logits < kth, -jnp.inf, logits)
 
 
 def keep_top_p(probs, top_p, k_bound: int = 0):  # [..., V], float [] in (0, 1) -> [..., V] renormalized
-    # After top-k every token outside the k_bound largest has probability 0 (ties with the k-th past
-    # them included: the cutoff below comes out the same), so the nucleus is found among those.
+    # After top-k the nucleus lies in the k_bound largest (ties past them give the same cutoff below).
     desc = largest(probs, k_bound)  # [..., k_bound or V] most likely first
     mass_before = jnp.cumsum(desc, axis=-1) - desc  # [..., k_bound or V]
-    # The smallest probability still kept; ties with it are kept too.
-    cutoff = jnp.min(jnp.where(mass_before < top_p, desc, 1.0), axis=-1, keepdims=True)
+    cutoff = jnp.min(jnp.where(mass_before < top_p, desc, 1.0), axis=-1, keepdims=True)  # least kept; ties too
     probs = jnp.where(probs >= cutoff, probs, 0.0)
     return probs / probs.sum(axis=-1, keepdims=True)
 
@@ -80,9 +75,8 @@ def sample(key, probs, greedy: bool = False):  # [V] -> int32 []
     """One token drawn from probs; with greedy (temperature 0, a one-hot probs), its argmax."""
     if greedy:
         return jnp.argmax(probs).astype(jnp.int32)
-    # Inverse CDF: the first token whose cumulative probability exceeds u ~ U[0, 1), which is the
-    # number of tokens whose cumulative probability is at most u. A token of probability 0 adds
-    # nothing to the CDF, so it is never drawn.
+    # Inverse CDF: the first token whose cumulative probability exceeds u ~ U[0, 1), i.e. the number of
+    # tokens whose cumulative probability is at most u (a token of probability 0 is never drawn).
     # The cumulative sum as a sum over a sliding window: what jnp.cumsum lowers to on CPU, and a loop-free
     # kernel on a GPU too, where newer JAX lowers jnp.cumsum to a scan whose portable form is a loop.
     V = probs.shape[0]

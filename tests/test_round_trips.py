@@ -5,6 +5,7 @@ forms (fastpath.branch_on_cpu) are run here on the CPU too, and give the CPU's t
 
 import importlib
 import json
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -64,8 +65,8 @@ def test_a_run_time_branch_in_the_draft_step_is_counted(pair, monkeypatch, reque
     """The control: the standardization as it was (lax.cond on the traced top-k and top-p), put back in
     the draft's step, makes each draft step and the target's call wait twice: 1 + 2 (K + 1) with K = 4."""
     def with_conds(logits, sampling: Sampling):
-        logits = jax.lax.cond(sampling.top_k > 0, keep_top_k, lambda x, k: x, logits / sampling.temperature,
-                              sampling.top_k)
+        logits = jax.lax.cond(sampling.top_k > 0, partial(keep_top_k, k_bound=sampling.k_bound), lambda x, k: x,
+                              logits / sampling.temperature, sampling.top_k)
         return jax.lax.cond(sampling.top_p < 1, keep_top_p, lambda x, p: x, jax.nn.softmax(logits, -1), sampling.top_p)
     monkeypatch.setattr(speculative, "logits_to_probs", with_conds)
     jax.clear_caches()  # the loops were traced with the branch-free form: trace them again, and after

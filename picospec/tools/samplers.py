@@ -86,7 +86,11 @@ def stops_at_once(draft, B: int, ask=None) -> bool:
         return False
     asked = (id(draft.policy), B)
     if asked not in _decided:
-        _decided[asked] = bool((ask or prior_stops)(draft.policy, B))
+        with jax.ensure_compile_time_eval():  # under an outer jit too, while the policy is concrete
+            stops = (ask or prior_stops)(draft.policy, B)
+        if isinstance(stops, jax.core.Tracer):  # a policy traced by an outer jit: the loop decides, and a draft
+            return False  # its prior stops gives the same tokens and trace there (it steps the target alone)
+        _decided[asked] = bool(stops)
         weakref.finalize(draft.policy, _decided.pop, asked, None)
     return _decided[asked]
 
