@@ -1,6 +1,7 @@
 """Right on every platform: what an accelerator would compile, read on CPU from `jax.export` lowerings
 (no device needed), and the dtypes where float16 or bfloat16 could go wrong."""
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import picospec
 from picospec import fastpath
 from picospec.gpt2 import forward, init_cache
 from picospec.tools import memory, programs
+from picospec.tools.checkpoints import weights
 from picospec.tools.checkpoints.weights import load_tokenizer, save_checkpoint
 
 ACCELERATORS = ("cuda", "tpu")
@@ -102,3 +104,37 @@ def test_the_cli_builds_its_programs_for_the_device_chosen_not_for_the_default_b
     monkeypatch.setattr(programs, "run_device", lambda: SimpleNamespace(platform="cuda", device_kind="H100"))
     assert programs.exported(fn, args, {}).platforms == ("cuda",)  # the default backend would give cpu
     assert programs.digest(fn, args, {}, ()) != on_cpu  # and another file
+
+
+def test_a_model_loads_in_its_platforms_dtype_when_none_is_asked(monkeypatch, capsys):
+    """float32 on a CPU; bfloat16 on a GPU or TPU (launch-bound there: fastpath.default_dtype), its logits
+    float32 all the same; an explicit dtype wins, and the CLI's JSON names the dtype it ran in."""
+    assert fastpath.default_dtype("cpu") == "float32"
+    assert fastpath.default_dtype("gpu") == fastpath.default_dtype("tpu") == "bfloat16"
+    on_cpu = picospec.load_model("tiny-target")
+    assert on_cpu.params["wte"]["weight"].dtype == jnp.float32
+    monkeypatch.setattr(weights, "run_device", lambda: SimpleNamespace(platform="gpu"))  # as if on a GPU
+    on_gpu = picospec.load_model("tiny-target")
+    assert on_gpu.params["h"][0]["attn"]["c_attn"]["weight"].dtype == jnp.bfloat16
+    assert picospec.logits(on_gpu, [1, 2, 3]).dtype == jnp.float32
+    assert picospec.load_model("tiny-target", "float32").params["wte"]["weight"].dtype == jnp.float32
+    monkeypatch.undo()
+    from picospec.tools import cli
+    pair = ["--draft", "tiny-draft", "--target", "tiny-target", "--prompt", "In", "--n-tokens", "4", "--json"]
+    for flags, dtype in (([], "float32"), (["--dtype", "bfloat16"], "bfloat16")):
+        assert cli.main([*pair, *flags]) == 0 and json.loads(capsys.readouterr().out)["stats"]["dtype"] == dtype
+
+
+def test_greedy_speculative_is_greedy_autoregressive_in_the_gpus_dtype():
+    """The accelerators' default, bfloat16 weights with float32 logits, computed here on the CPU: greedy
+    speculative output is greedy autoregressive output on the bundled pair (the target's argmax at every
+    position, whether it scored 1 or K + 1 tokens in the call), for K = 2 and 6 on three prompts."""
+    draft, target = (picospec.load_model(name, "bfloat16") for name in ("tiny-draft", "tiny-target"))
+    tokenizer = picospec.load_tokenizer("tiny-target")
+    for text in ("And God said", "In the beginning", "And the LORD spake unto Moses"):
+        prompt = tokenizer.encode(text).ids
+        greedy = picospec.autoregressive_sample(target, prompt, 48, jax.random.key(0), temperature=0)
+        for K in (2, 6):
+            out, trace = picospec.speculative_sample(draft, target, prompt, 48, jax.random.key(0), K=K, temperature=0)
+            np.testing.assert_array_equal(out, greedy, err_msg=f"{text!r} K={K}")
+            assert int(trace.n_accepted[:int(trace.n_steps)].sum()) > 0  # drafts were kept, not the target alone

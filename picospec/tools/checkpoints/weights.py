@@ -19,6 +19,7 @@ from picospec.errors import PicospecError
 from picospec.gpt2 import Model, logits
 from picospec.tools.checkpoints.config import config_json, read_config
 from picospec.tools.checkpoints.tensors import first_line, load_params, save_params
+from picospec.tools.memory import run_device
 
 HUB_REPOS = {
     "gpt2": "openai-community/gpt2", "124M": "openai-community/gpt2",
@@ -91,16 +92,18 @@ def _hub_file(repo: str, filename: str) -> Path:
                             "folder") from None
 
 
-def load_model(name_or_path: str, dtype: str = "float32") -> Model:
+def load_model(name_or_path: str, dtype: str | None = None) -> Model:
     """Load a GPT-2 checkpoint.
 
     Args:
       name_or_path: gpt2 / 124M, gpt2-medium / 355M, gpt2-large / 774M, gpt2-xl / 1558M,
         tiny-draft / tiny-target (bundled), a hub repo id (owner/name) or a local folder.
-      dtype: "float32" (default), "bfloat16" or "float16": the dtype of the params and the cache.
+      dtype: "float32", "bfloat16" or "float16": the dtype of the params and the cache (None: float32 on
+        a CPU, bfloat16 on a GPU or TPU, fastpath.default_dtype).
     Returns:
       Model with .config (GPT2Config) and .params (pytree named after the checkpoint's tensors).
     """
+    dtype = dtype or fastpath.default_dtype(run_device().platform)
     if dtype not in DTYPES:
         raise PicospecError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     config = read_config(checkpoint_file(name_or_path, "config.json"))

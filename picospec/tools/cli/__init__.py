@@ -17,6 +17,7 @@ import jax
 from picospec.beyond.dynamic import Grown
 from picospec.beyond.ngram import NGramDraft
 from picospec.errors import NonFiniteLogits, PicospecError
+from picospec.fastpath import default_dtype
 from picospec.tools import autotune, checks
 from picospec.tools.checkpoints.head import is_head, load_head
 from picospec.tools.checkpoints.weights import (
@@ -68,7 +69,7 @@ def load(args):
 
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
-    B, timing = len(prompts), Timing()
+    B, timing, where = len(prompts), Timing(), {"device": device, "dtype": args.dtype}
     settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
                 "tree": args.shape and {"nodes": args.tree, "children": args.children} | (
                     args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
@@ -90,14 +91,13 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], args.K, tokenizer, prompts[b], timing.compile_seconds)
-                records[b]["stats"] |= {"device": device} | (settings | k_used(steps[b]) if mode == "speculative"
-                                                             else {})
+                records[b]["stats"] |= where | (settings | k_used(steps[b]) if mode == "speculative" else {})
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
-    stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | {"device": device}
+    stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | where
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if mode == "speculative" and args.K == "auto":  # what auto decided, and why
         stats["auto"] = autotune.explain(policy, [s for row in steps for s in row], B)
@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     args = None
     try:
         args = parse_args(argv)
-        device = describe(use_platform(args.platform))
+        chosen = use_platform(args.platform)
+        device, args.dtype = describe(chosen), args.dtype or default_dtype(chosen.platform)
         use_persistent_cache()  # a second run of the same command compiles nothing
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))

@@ -42,7 +42,8 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="jax.random seed (default 0)")
     parser.add_argument("--mode", choices=["speculative", "autoregressive", "compare"], default="speculative",
                         help="compare runs both and reports the speedup (default speculative)")
-    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    parser.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default float32 on a CPU, bfloat16 on a GPU "
+                        "or TPU, with float32 logits)")
     parser.add_argument("--stop-at-eos", action="store_true", help="stop early at <|endoftext|>")
     parser.add_argument("--platform", choices=["cpu", "gpu", "tpu"], help="where to run (default: JAX's choice, "
                         "an accelerator when one is installed)")
