@@ -22,7 +22,9 @@ with a line saying so, so the run ends in time whatever a compile costs.
    is a + b x layers), so no 48-layer program is compiled per K; not --quick, a 48-layer one-token call
    checks the extrapolation.
 4. The CLI against the library (cli_library.py): the bundled pair, one prompt, 200 tokens, T = 0.8.
-Writes every figure to --json.
+5. (not --quick) Greedy speculative output against greedy autoregressive output, in the platform's dtype:
+   the bundled pair, 16 prompts, K = 4, 48 tokens.
+The bundled pair loads in the platform's dtype (bfloat16 on a GPU). Writes every figure to --json.
 """
 
 import argparse
@@ -60,12 +62,13 @@ GPT2 = dict(draft=dict(n_layer=12, n_head=12, n_embd=768), target=dict(n_layer=4
 SETTINGS = {  # what each form runs
     "full": dict(batches=(1, 4), temperatures=(0.0, 0.8), fixed=(2, 4, 7), head=(4, 7), auto=True, n_tokens=64,
                  rounds=5, calls=64, Ks=range(1, 9), depths=(4, 12), check_depth=True, sampler=True,
-                 cli_rounds=3, budget=300, **GPT2),
+                 cli_rounds=3, greedy_rows=16, budget=300, **GPT2),
     "quick": dict(batches=(1,), temperatures=(0.0, 0.8), fixed=(4,), head=(4,), auto=False, n_tokens=64, rounds=3,
                   calls=32, Ks=(1, 2, 4, 7), depths=(4, 12), check_depth=False, sampler=False, cli_rounds=3,
-                  budget=120, **GPT2),
+                  greedy_rows=0, budget=120, **GPT2),
     "cpu": dict(batches=(1,), temperatures=(0.0, 0.8), fixed=(2,), head=(2,), auto=True, n_tokens=16, rounds=2,
-                calls=8, Ks=range(1, 3), depths=(2, 4), check_depth=True, sampler=True, cli_rounds=1, budget=600,
+                calls=8, Ks=range(1, 3), depths=(2, 4), check_depth=True, sampler=True, cli_rounds=1, greedy_rows=2,
+                budget=600,
                 draft=dict(n_layer=2, n_head=2, n_embd=64), target=dict(n_layer=4, n_head=4, n_embd=128)),
 }
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
@@ -211,6 +214,19 @@ def gpt2_costs(s: dict, rounds: int, over) -> list[dict]:
     return rows
 
 
+def greedy_identity(rows: int) -> dict:
+    """Part 5: greedy speculative against greedy autoregressive output, the bundled pair in its default dtype."""
+    draft, target = picospec.load_model("tiny-draft"), picospec.load_model("tiny-target")
+    prompts, keys = bundled_prompts(rows), jax.random.split(jax.random.key(0), rows)
+    spec = picospec.speculative_sample_batch(draft, target, prompts, 48, keys, K=4, temperature=0)[0]
+    ar = picospec.autoregressive_sample_batch(target, prompts, 48, keys, temperature=0)
+    same = np.asarray(spec == ar).all(-1)
+    row = dict(dtype=str(target.params["wte"]["weight"].dtype), rows=rows, identical_rows=int(same.sum()),
+               first_difference=[int(np.argmin(np.asarray(spec[b] == ar[b]))) for b in np.flatnonzero(~same)])
+    print(f"| {row['dtype']} | {rows} | {row['identical_rows']} | {row['first_difference'] or '—'} |", flush=True)
+    return row
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the short form, for the last minutes at a GPU")
@@ -218,7 +234,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, help="rounds of each race (default: 5, --quick 3, --cpu 2)")
     parser.add_argument("--budget", type=float, help="seconds after which no part starts (default: 300, --quick 120)")
     parser.add_argument("--json", default="gpu.json", help="where to write every figure")
-    parser.add_argument("--skip", default="", help="parts to leave out, by name: compile,bundled,gpt2,cli")
+    parser.add_argument("--skip", default="", help="parts to leave out, by name: compile,bundled,gpt2,cli,greedy")
     args = parser.parse_args(argv)
     s = SETTINGS["cpu" if args.cpu else "quick" if args.quick else "full"]
     rounds, budget, device = args.rounds or s["rounds"], args.budget or s["budget"], jax.devices()[0]
@@ -265,6 +281,10 @@ def run(args, s: dict, rounds: int, budget: float, device) -> dict:
               f"K = 4, median of {s['cli_rounds']}\n", flush=True)
         report["cli"] = cli_library.race(rounds=s["cli_rounds"])
         print(cli_library.table(report["cli"]), flush=True)
+    if s["greedy_rows"] and "greedy" not in skip and not over("greedy identity"):
+        print("\nGreedy speculative (K = 4) against greedy autoregressive, bundled pair, 48 tokens\n\n"
+              "| dtype | rows | identical rows | first differing position |\n|---|---|---|---|", flush=True)
+        report["greedy"] = greedy_identity(s["greedy_rows"])
     report["seconds"] = time.perf_counter() - t0
     return report
 

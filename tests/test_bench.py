@@ -158,6 +158,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu_and_writes_every_figure(tmp_path, cap
         assert row["target_ms_per_token"] == pytest.approx(row["target_ms_per_token_measured"])  # depth 4 of 4
     assert set(report["cli"]) == {"autoregressive", "speculative"}
     assert all(r["cli"] > 0 and r["library"] > 0 for r in report["cli"].values())
+    assert report["greedy"] == dict(dtype="float32", rows=2, identical_rows=2, first_difference=[])
     assert "| float32 |" in capsys.readouterr().out
 
 
