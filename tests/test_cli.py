@@ -419,6 +419,7 @@ def test_the_device_is_named_in_the_summary_and_the_json(capsys):
         pytest.skip("JAX_PLATFORMS leaves the CPU out")
     code, out, _ = run_cli(capsys, *PAIR, "--prompt", "The", "--n-tokens", "4", "--platform", "cpu", "--json")
     assert code == 0 and json.loads(out)["stats"]["device"] == {"platform": "cpu", "kind": "cpu", "name": "cpu:0"}
+    assert json.loads(out)["stats"]["dtype"] == "float32"  # the CPU's dtype, as none was asked for
     # The summary line's device is checked in test_streamed_text_and_summary.
 
 

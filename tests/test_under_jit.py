@@ -32,8 +32,15 @@ KEYWORDS = {  # name: (draft kind, keyword arguments of speculative_sample)
 }
 
 
-@pytest.mark.parametrize("name", [name if name == "policy" else pytest.param(name, marks=pytest.mark.slow)
-                                  for name in KEYWORDS])  # the fast suite: the one that broke
+def test_a_policy_runs_under_jit_with_the_same_tokens():
+    """The README's example that broke (TracerBoolConversionError): a policy made inside the jitted call."""
+    def run(key):
+        return picospec.speculative_sample(DRAFT, TARGET, [1, 2], 6, key, K=3, temperature=1.0, policy=auto())[0]
+    np.testing.assert_array_equal(jax.jit(run)(jax.random.key(0)), run(jax.random.key(0)))
+
+
+@pytest.mark.slow  # ~10 s each: three programs of the loop
+@pytest.mark.parametrize("name", KEYWORDS)
 def test_every_keyword_runs_under_jit_and_vmap_with_the_same_tokens(name):
     kind, keywords = KEYWORDS[name]
     draft = HEAD if kind == "head" else DRAFT
