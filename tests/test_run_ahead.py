@@ -4,14 +4,19 @@ model's size allows on its platform."""
 
 import importlib
 import math
+from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import early_exit, random_model
+from round_trips import trips
 
+from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
 from picospec.tools.cli.stream import stream
+from picospec.tools.samplers import plug_in
 
 iterations = importlib.import_module("picospec.tools.cli.iterations")
 stream_module = importlib.import_module("picospec.tools.cli.stream")  # (the package names its function stream)
@@ -83,3 +88,26 @@ def test_how_many_a_dispatch_follows_the_weights_an_iteration_reads():
     target_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(TARGET))
     assert iterations.weights_read((DRAFT, TARGET), 3) == target_bytes + 3 * draft_bytes
     assert np.isclose(iterations.weights_read((TARGET,), 0), target_bytes)
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_a_dispatch_of_iterations_waits_for_the_host_never_on_an_accelerator(B):
+    """The program of 8 iterations, lowered for cuda (counted from its jaxpr: tests/round_trips.py), makes
+    no round trip to the host, speculative (K = 3, T = 0.8, top-k, top-p) and autoregressive, for one row
+    and two: a scan of static length, each iteration past a row's end run branch-free. The control: its
+    CPU form skips those with a cond whose index is computed at run time, one an iteration."""
+    prompts, keys = PROMPTS[:B], jax.random.split(jax.random.key(0), B)
+    n_end, sampling = jnp.int32(15) if B == 1 else jnp.full(B, 15, jnp.int32), Sampling(0.8, 20, 0.9)
+    draft, step, rule = plug_in(DRAFT, TARGET, 3)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, 12, 3, TARGET.config)
+    state = jax.eval_shape(partial(iterations.speculative_starts, K=3, prefill_len=prefill_len, max_len=max_len),
+                           draft, TARGET, tokens, n_prompt, keys)  # shapes only: nothing is compiled
+    speculative = jax.make_jaxpr(partial(iterations.run_ahead, each=iterations.speculative_iteration, n=8, K=3,
+                                         eos_id=-1, verify=rule, step=step))((draft, TARGET), state, n_end, sampling)
+    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, 12, 0, TARGET.config)
+    state = jax.eval_shape(partial(iterations.autoregressive_starts, prefill_len=prefill_len, max_len=max_len),
+                           TARGET, tokens, n_prompt, keys)
+    autoregressive = jax.make_jaxpr(partial(iterations.run_ahead, each=iterations.autoregressive_iteration, n=8,
+                                            eos_id=-1))((TARGET,), state, n_end, sampling)
+    for program in (speculative, autoregressive):
+        assert trips(program.jaxpr, "cuda") == 0 and trips(program.jaxpr, "cpu") == 8
