@@ -224,7 +224,7 @@ def test_the_command_lines_one_prompt_is_stepped_as_its_row_copying_no_cache():
     """A batch of one held as its row (batch.over_rows): XLA:CPU's program for its step allocates
     nothing cache-sized. The control: the same step on the batch of one, vmapped, copies its caches."""
     from picospec.fastpath import fast
-    stream = importlib.import_module("picospec.tools.cli.stream")  # the module (the package exports its function)
+    stream = importlib.import_module("picospec.tools.cli.iterations")  # what the stream runs
     target = fast(random_model(n_layer=2, n_embd=64, vocab_size=16, n_positions=256))  # caches of 256 KB, as loaded
     tokens, n_prompt, prefill_len, max_len = picospec.beyond.batch.batch_buffers([[1, 2, 3]], 200, 0, target.config)
     state = stream.autoregressive_starts(target, tokens, n_prompt, jax.random.split(jax.random.key(0), 1),

@@ -1,7 +1,6 @@
-"""What the stream runs on the device: every row's state before its first iteration, one iteration of every
-row, and `run_ahead`, n iterations in one program, with how many a dispatch should hold (`run_ahead_for`).
-An iteration returns the state and the one read the host makes: which rows ran, which still run, and
-what each wrote."""
+"""What the stream runs on the device: every row's state before its first iteration, one iteration of every row
+(the state, and the one read the host makes: which rows ran, which still run, what each wrote), and `run_ahead`,
+n iterations in one program, with how many a dispatch should hold (`run_ahead_for`)."""
 
 import jax
 import jax.numpy as jnp
@@ -82,9 +81,8 @@ def run_ahead(models, state, n_end, sampling, each, n: int, **options):
 
 
 def skip_when_finished(active, step, state):
-    """step(state), or nothing at all once every row is finished: a dispatch of n iterations runs past
-    the last row's end. (On an accelerator it runs the step all the same, branch-free, and keeps every
-    row that was not active as it was.)"""
+    """step(state), or nothing at all once every row is finished (a dispatch runs past the last row's end). On an
+    accelerator it runs the step all the same, branch-free, and keeps every row that was not active as it was."""
     return branch_on_cpu(lambda state: jax.lax.cond(jnp.any(active), step, lambda s: s, state),
                          lambda state: keep_finished(active, step(state), state), state)
 
@@ -95,11 +93,9 @@ BANDWIDTH = {"cpu": 30e9}  # bytes/s a platform's memory streams (accelerators: 
 
 
 def run_ahead_for(read: int, platform: str) -> int:
-    """Iterations a dispatch, for an iteration that reads `read` bytes of weights: as many as the platform's
-    memory streams in SHOW_EVERY, from 1 to MOST_AHEAD. A dispatch and a read cost the host a fixed time
-    (~0.3 ms on a 2-core CPU; on a GPU the device idles while the host reads), which a tiny model's
-    iteration does not hide; GPT-2 1558M's on a CPU (~0.3 s) does, and a token shown 8 iterations late
-    there is seconds late."""
+    """Iterations a dispatch, for an iteration reading `read` bytes of weights: as many as the platform streams in
+    SHOW_EVERY, 1 to MOST_AHEAD. A dispatch and a read cost a fixed time (a GPU idles while the host reads) that
+    a tiny model's iteration does not hide; GPT-2 1558M's on a CPU (~0.3 s) does, and 8 of them are seconds."""
     return int(np.clip(SHOW_EVERY * BANDWIDTH.get(platform, 1e12) // read, 1, MOST_AHEAD))
 
 

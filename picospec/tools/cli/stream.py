@@ -23,16 +23,7 @@ from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
 from picospec.tools.autotune.costs import warm
-from picospec.tools.cli.iterations import (
-    autoregressive_iteration,
-    autoregressive_starts,
-    run_ahead,
-    run_ahead_for,
-    speculative_iteration,
-    speculative_starts,
-    target_alone_iteration,
-    weights_read,
-)
+from picospec.tools.cli import iterations as on_device
 from picospec.tools.cli.steps import Step, cut, step_from_row
 from picospec.tools.memory import check_memory, compiled_need, run_device
 from picospec.tools.programs import compiled
@@ -46,10 +37,9 @@ class Timing:
 
 
 def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
-    """`fn` compiled for these arguments (programs.py: exported by an earlier run, or traced now), refused
-    if B rows of it would not fit in memory, and (warm) run once (on copies of the donated ones); returns
-    (compiled, seconds it took). XLA:CPU's kernel library finishes preparing a program on its first run
-    (tens of ms on the bundled pair): that is start-up, counted with compiling."""
+    """(`fn` compiled for these arguments (programs.py), seconds it took), refused if B rows would not fit in
+    memory, and (warm) run once on copies of the donated ones: XLA:CPU's kernel library finishes preparing a
+    program on its first run (tens of ms on the bundled pair), start-up counted with compiling."""
     t0 = time.perf_counter()
     names = list(inspect.signature(fn).parameters)
     donated = tuple(i for i in range(len(args)) if names[i] in donate)
@@ -92,21 +82,21 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     n_end = n_prompt + n_tokens if len(prompts) > 1 else n_prompt[0] + n_tokens  # [B], a lone row's []
     tokens, n_prompt, n_end = jax.device_put((tokens, n_prompt, n_end))  # from the host, as they are
     if draft is None:
-        models, iteration, options = (target,), autoregressive_iteration, dict(eos_id=eos_id)
-        begin, begin_options = autoregressive_starts, sizes
+        models, iteration, options = (target,), on_device.autoregressive_iteration, dict(eos_id=eos_id)
+        begin, begin_options = on_device.autoregressive_starts, sizes
     else:
-        models, iteration, options = (draft, target), speculative_iteration, dict(K=K, eos_id=eos_id, verify=rule,
-                                                                                  step=step)
-        begin, begin_options = speculative_starts, dict(K=K, **sizes)
+        models, iteration = (draft, target), on_device.speculative_iteration
+        options = dict(K=K, eos_id=eos_id, verify=rule, step=step)
+        begin, begin_options = on_device.speculative_starts, dict(K=K, **sizes)
     init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
                            warm=len(prompts) * prefill_len <= WARM_TOKENS)
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
-    n = run_ahead_for(weights_read(models, 0 if draft is None else K), run_device().platform)
+    n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), run_device().platform)
 
     def program(iteration, options):  # n iterations a dispatch, compiled: (it, seconds)
-        return compile_now(run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
+        return compile_now(on_device.run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
                            each=iteration, n=n, **options)
     step, s2 = program(iteration, options)
     if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
@@ -116,9 +106,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
     state, report = step(models, state, n_end, sampling)
     while True:
-        # Dispatch the next n iterations before reading these (one transfer): the device runs them while
-        # the host reads, decodes and prints. Only when they are surely needed, so the device does not
-        # run n idle iterations at the end: some row still wants more than these can add.
+        # Dispatch the next n iterations before reading these (one transfer), for the device to run while the
+        # host reads and prints; only when some row surely wants more than these can add (no idle dispatch).
         ahead = (n_tokens - produced).max() > most
         if ahead:
             state, next_report = step(models, state, n_end, sampling)
@@ -137,8 +126,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
             yield steps
         if not running[-1].any():
             break
-        if drafting and not drafting[0][-1] and iteration is speculative_iteration:  # the draft stopped for good
-            iteration, options = target_alone_iteration, dict(K=K, eos_id=eos_id)
+        if drafting and not drafting[0][-1] and iteration is on_device.speculative_iteration:  # stopped for good
+            iteration, options = on_device.target_alone_iteration, dict(K=K, eos_id=eos_id)
             step, spent = program(iteration, options)  # from the next dispatch on (any ahead drafts none)
             timing.compile_seconds, t_start = timing.compile_seconds + spent, t_start + spent
         if not ahead:
