@@ -8,8 +8,8 @@ whether the CLI runs as fast as the library.
 
 Each part prints its table as it completes; a part that would start after --budget seconds is skipped
 with a line saying so, so the run ends in time whatever a compile costs.
-1. Compiling: the CLI's first run on the bundled pair (a fresh process, an empty cache folder: the
-   compile seconds it reports, and its wall time), and (not --quick) a GPT-2 124M -> 1558M-shaped
+1. Compiling: the CLI's first run on the bundled pair (200 tokens, T = 0.8, K = 4; a fresh process, an empty
+   cache folder: the compile seconds it reports, and its wall time), and (not --quick) a GPT-2 124M -> 1558M-shaped
    speculative sampler, K = 4, lowered and compiled.
 2. The bundled pair, B rows, T = 0 and 0.8 (top-k 20, top-p 0.9 when sampled): tokens/s of autoregressive
    decoding, each fixed K, --K auto and (B = 1) the EAGLE head tiny-head, each the median over --rounds
@@ -32,9 +32,7 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -56,6 +54,7 @@ from picospec.tools.cli.options import AUTO_K_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cli_library  # noqa: E402
+import gpu_flags  # noqa: E402
 from never_slower import bundled_prompts  # noqa: E402
 
 GPT2 = dict(draft=dict(n_layer=12, n_head=12, n_embd=768), target=dict(n_layer=48, n_head=25, n_embd=1600))
@@ -107,17 +106,13 @@ def random_model(shape: dict, seed: int, dtype=jnp.float32) -> Model:
 
 
 def compiling(s: dict) -> dict:
-    """Part 1: the CLI's first run on the bundled pair, and a GPT-2-shaped sampler's compile."""
-    with tempfile.TemporaryDirectory() as folder:
-        env = {**os.environ, "PICOSPEC_JIT_CACHE": folder}
-        t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "picospec", "--draft", "tiny-draft", "--target", "tiny-target",
-                              "--prompt", "And God said", "--json"], env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-    if out.returncode:
-        raise RuntimeError(f"the CLI failed: {out.stderr.strip().splitlines()[-1:]}")
-    row = dict(cli_compile_s=json.loads(out.stdout)["stats"]["compile_seconds"], cli_wall_s=wall)
-    print(f"| the CLI's first run, bundled pair | {row['cli_compile_s']:.1f} | {wall:.1f} |", flush=True)
+    """Part 1: the CLI's first run on the bundled pair (gpu_flags.py's, XLA's flags as they are), and a
+    GPT-2-shaped sampler's compile."""
+    first = gpu_flags.first_run("")
+    if "failed" in first:
+        raise RuntimeError(f"the CLI failed: {first['failed']}")
+    row = dict(cli_compile_s=first["compile_s"], cli_wall_s=first["wall_s"])
+    print(f"| the CLI's first run, bundled pair | {row['cli_compile_s']:.1f} | {row['cli_wall_s']:.1f} |", flush=True)
     if s["sampler"]:
         draft, target = random_model(s["draft"], 0), random_model(s["target"], 1)
         run = jax.jit(lambda d, t, key: picospec.speculative_sample(d, t, [1, 2, 3], 64, key, K=4, temperature=0.8,

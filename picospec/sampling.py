@@ -17,23 +17,23 @@ SHARED_K = 64  # every top-k up to this shares one program; larger ones, one per
          meta_fields=["greedy", "k_bound", "cuts_p"])
 @dataclass(frozen=True)
 class Sampling:
-    """How logits become a distribution: temperature, then top-k, then top-p. Under jit the numbers are
-    traced: a new temperature, top-p or top-k (up to SHARED_K) runs the program already compiled. Only
-    whether each applies is static: `greedy`, `k_bound` (top-k's lax.top_k size) and `cuts_p`, so the
-    program never branches on a value at run time (on a GPU such a branch waits for the host)."""
+    """Logits to a distribution: temperature, then top-k, then top-p. Under jit the numbers are traced (a new one
+    runs the program already compiled; a top-k, up to SHARED_K); only whether each applies is static (`greedy`,
+    `k_bound`, `cuts_p`): the program never branches on a value at run time (on a GPU that waits for the host)."""
 
     temperature: float = 1.0  # 0 means argmax exactly: a one-hot distribution
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     top_p: float = 1.0  # then keep the fewest most likely tokens whose mass reaches top_p
     greedy: bool | None = None  # temperature == 0; set when made (jax rebuilds it with the traced numbers)
-    k_bound: int | None = None  # 0 when top_k is 0, else SHARED_K or the power of two >= top_k, likewise
+    k_bound: int | None = None  # top-k's lax.top_k size: 0 (off), SHARED_K, or the power of two >= top_k
     cuts_p: bool | None = None  # top_p < 1, likewise
 
     def __post_init__(self):
         if self.greedy is None:
             object.__setattr__(self, "greedy", self.temperature == 0)
-        if self.k_bound is None:  # 0 (off), SHARED_K, or above it the power of two >= top_k
-            object.__setattr__(self, "k_bound", max(SHARED_K, 1 << int(self.top_k - 1).bit_length()) * (self.top_k > 0))
+        if self.k_bound is None:
+            k = int(self.top_k)
+            object.__setattr__(self, "k_bound", max(SHARED_K, 1 << (k - 1).bit_length()) if k > 0 else 0)
         if self.cuts_p is None:
             object.__setattr__(self, "cuts_p", self.top_p < 1)
 

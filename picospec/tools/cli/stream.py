@@ -100,7 +100,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
                            each=iteration, n=n, **options)
     step, s2 = program(iteration, options)
     if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
-        s2 += warm(lambda *models_state: step(models_state[:2], *models_state[2:]), *models, state, n_end, sampling)
+        s2 += warm(lambda draft, target, *rest: step((draft, target), *rest), *models, state, n_end, sampling)
     timing.compile_seconds += s1 + s2
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
