@@ -22,7 +22,6 @@ less under auto gave it 0.80 and 0.82 in two races (`--samples 12` averages it o
 """
 
 import argparse
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -30,12 +29,11 @@ import sys
 
 import jax
 from bench_report import cpu_name
+from timing import race_laps
 
 import picospec
-from picospec.autoregressive import buffers
 from picospec.sampling import Sampling
-from picospec.tools.autotune import prompt_prior
-from picospec.tools.autotune.costs import auto_policy, race_laps
+from picospec.tools.autotune import policy_for
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 from picospec.tools.cli.options import AUTO_K_MAX
 
@@ -89,10 +87,7 @@ def in_process(prompts: list[str], K: int, against: str, T: float, rounds: int, 
     ratios = []
     for text in prompts:
         prompt = tokenizer.encode(text).ids
-        capacity = buffers(prompt, 200, AUTO_K_MAX, target.config)[2]
-        policy = prompt_prior(auto_policy(draft, target, AUTO_K_MAX, capacity, sampling), draft, target, [prompt],
-                              sampling)
-        policy = dataclasses.replace(policy, horizon=200)  # as the CLI: each row's --n-tokens
+        policy = policy_for(draft, target, [prompt], 200, sampling)  # as the CLI tunes it: --n-tokens 200
 
         def run(**kw):
             return lambda: jax.block_until_ready([picospec.speculative_sample(

@@ -19,7 +19,6 @@ processes in turn (--cli-rounds). Markdown tables on stdout, every number in --o
 """
 
 import argparse
-import dataclasses
 import json
 import re
 import statistics
@@ -38,8 +37,7 @@ from picospec.beyond import theory
 from picospec.beyond.eagle import HeadCache, head_forward
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import Sampling
-from picospec.tools.autotune import prompt_prior
-from picospec.tools.autotune.costs import auto_policy
+from picospec.tools.autotune import policy_for
 from picospec.tools.cli.options import AUTO_K_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -146,8 +144,7 @@ def main(argv=None):
                                                                                           temperature=T)
                                                               for p, k in zip(prompts, keys)]
         for name, draft in ([] if args.no_auto else drafts.items()):
-            auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, 256, Sampling(T)), horizon=n)
-            policies = [prompt_prior(auto, draft, target, [p], Sampling(T)) for p in prompts]  # as the CLI
+            policies = [policy_for(draft, target, [p], n, Sampling(T)) for p in prompts]  # as the CLI tunes them
             contenders[(name, "auto")] = lambda d=draft, policies=policies: [
                 picospec.speculative_sample(d, target, p, n, k, K=AUTO_K_MAX, temperature=T, policy=policy)
                 for p, k, policy in zip(prompts, keys, policies)]

@@ -28,7 +28,6 @@ The bundled pair loads in the platform's dtype (bfloat16 on a GPU). Writes every
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -48,14 +47,14 @@ from picospec.beyond.batch import batch_buffers
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.sampling import Sampling
-from picospec.tools.autotune import prompt_prior
-from picospec.tools.autotune.costs import auto_policy, race_laps
+from picospec.tools.autotune import policy_for
 from picospec.tools.cli.options import AUTO_K_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))
 import cli_library  # noqa: E402
 import gpu_flags  # noqa: E402
 from never_slower import bundled_prompts  # noqa: E402
+from timing import race_laps  # noqa: E402
 
 GPT2 = dict(draft=dict(n_layer=12, n_head=12, n_embd=768), target=dict(n_layer=48, n_head=25, n_embd=1600))
 SETTINGS = {  # what each form runs
@@ -143,8 +142,7 @@ def bundled(s: dict, rounds: int, over) -> list[dict]:
             runs = {"autoregressive": lambda: picospec.autoregressive_sample_batch(target, prompts, n, keys, **kw)}
             runs |= {f"K={K}": spec(draft, K) for K in s["fixed"]}
             if s["auto"]:
-                auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, sampling, B=B), horizon=n)
-                runs["auto"] = spec(draft, AUTO_K_MAX, prompt_prior(auto, draft, target, prompts, sampling))
+                runs["auto"] = spec(draft, AUTO_K_MAX, policy_for(draft, target, prompts, n, sampling, keys))
             if B == 1:  # the EAGLE head, drafting from the target's features
                 runs |= {f"head K={K}": spec(head, K) for K in s["head"]}
             runs = {name: (lambda run: lambda: jax.block_until_ready(run()))(run) for name, run in runs.items()}

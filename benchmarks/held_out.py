@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +41,11 @@ def prompts(half: str, first: int, B: int) -> list[str]:
     return [" ".join(mine[(first + b) % len(mine)].split()[:3 + (first + b) % 4]) for b in range(B)]
 
 
-def cli(flags: list[str], prompt_file: str, extra: list[str]) -> dict:
+def run_cli(flags: list[str], prompt_file: str, extra: list[str], cache: str) -> dict:
     """The CLI's figures for one run: its stats, and auto's decisions where it reports them."""
     out = subprocess.run([sys.executable, "-m", "picospec", *PAIR, "--prompt-file", prompt_file, "--json", *flags,
-                          *extra], capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"})
+                          *extra], capture_output=True, text=True,
+                         env={**os.environ, "NO_COLOR": "1", "PICOSPEC_JIT_CACHE": cache})
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
     last = json.loads(out.stdout.splitlines()[-1])
@@ -53,10 +55,11 @@ def cli(flags: list[str], prompt_file: str, extra: list[str]) -> dict:
 
 def race(B: int, T: float, args, chosen: str | None = None) -> dict:
     contenders = {"autoregressive": ["--mode", "autoregressive"], "autoregressive again": ["--mode", "autoregressive"]}
-    contenders |= {f"K = {K}": ["--K", str(K)] for K in range(1, 8)} | {"auto": ["--K", "auto"]} | EXTRA
+    contenders |= {f"K = {K}": ["--K", str(K)] for K in args.ks} | {"auto": ["--K", "auto"]} | EXTRA
     sampled = [] if T == 0 else ["--temperature", str(T), "--top-k", "20", "--top-p", "0.9"]
-    rng, speeds, k_auto = np.random.default_rng(B), {name: [] for name in contenders}, []
-    with tempfile.TemporaryDirectory() as folder:
+    rng, speeds, k_auto, decided = np.random.default_rng(B), {name: [] for name in contenders}, [], []
+    with tempfile.TemporaryDirectory() as folder:  # its own cache folder: auto times the machine anew each race
+        cli = partial(run_cli, cache=str(Path(folder) / "jit"))
         for r in range(args.rounds):
             file = Path(folder) / f"round{r}.txt"
             file.write_text("\n".join(prompts(args.half, r * B, B)) + "\n")
@@ -67,15 +70,17 @@ def race(B: int, T: float, args, chosen: str | None = None) -> dict:
             for name in rng.permutation(list(contenders)):
                 stats = cli(contenders[name], str(file), extra)
                 speeds[name].append(stats["tokens_per_second"])
-                if name == "auto":
+                if name == "auto":  # the k it drafted on average, and what it decided from
                     k_auto.append(stats.get("K_used", float("nan")))
+                    decided.append(stats.get("auto"))
     ratio = {name: statistics.median(np.divide(s, speeds["autoregressive"])) for name, s in speeds.items()}
     best = max((n for n in contenders if n.startswith("K =")), key=ratio.get)
     over_best = {n: statistics.median(np.divide(speeds[n], speeds[best])) for n in contenders if "auto" in n}
     over_chosen = {n: statistics.median(np.divide(speeds[n], speeds[chosen])) for n in over_best} if chosen else {}
     return dict(B=B, T=T, tokens_per_s={n: statistics.median(s) for n, s in speeds.items()}, ratio=ratio,
                 best=best, auto_over_best=over_best["auto"], over_best=over_best, chosen=chosen,
-                over_chosen=over_chosen, floor=ratio["autoregressive again"], auto_k=k_auto, rounds=speeds)
+                over_chosen=over_chosen, floor=ratio["autoregressive again"], auto_k=k_auto, decided=decided,
+                rounds=speeds)
 
 
 def main(argv=None):
@@ -85,15 +90,18 @@ def main(argv=None):
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ks", default="1,2,3,4,5,6,7", help="the fixed K raced")
     parser.add_argument("--json", default="held_out.json")
     parser.add_argument("--best-from", help="a tune-half run's JSON: each row's best fixed K there")
     args = parser.parse_args(argv)
+    args.ks = [int(K) for K in args.ks.split(",")]
     tuned = {(r["B"], r["T"]): r["best"] for r in json.loads(Path(args.best_from).read_text())} \
         if args.best_from else {}
     print(f"Machine: {cpu_name()}; bundled pair; the {args.half} half; {args.n_tokens} tokens a row; "
           f"median of {args.rounds} interleaved rounds\n")
     print("| B | T | autoregressive tok/s | auto / autoregressive | best fixed K | auto / best fixed K | "
-          "K best on the tune half: auto / it | autoregressive / itself |\n|---|---|---|---|---|---|---|---|",
+          "K best on the tune half: auto / it | autoregressive / itself | auto's mean k, each round |\n"
+          "|---|---|---|---|---|---|---|---|---|",
           flush=True)
     rows = []
     for T in [float(t) for t in args.temperatures.split(",")]:
@@ -103,7 +111,7 @@ def main(argv=None):
             chosen = f"{row['chosen']}: {row['over_chosen']['auto']:.2f}" if row["chosen"] else "—"
             print(f"| {B} | {T:g} | {row['tokens_per_s']['autoregressive']:.0f} | {row['ratio']['auto']:.2f} | "
                   f"{row['best']}: {row['ratio'][row['best']]:.2f} | {row['auto_over_best']:.2f} | {chosen} | "
-                  f"{row['floor']:.2f} |", flush=True)
+                  f"{row['floor']:.2f} | {' '.join(f'{k:.1f}' for k in row['auto_k'])} |", flush=True)
             for name in EXTRA:
                 print(f"|   | {name} | | {row['ratio'][name]:.2f} | | {row['over_best'][name]:.2f} | | |", flush=True)
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -16,7 +16,21 @@ import jax
 import jax.numpy as jnp
 
 from picospec.gpt2 import KVCache, Model, forward, init_cache
-from picospec.tools.autotune.costs import race_laps
+
+
+def race_laps(rounds=3, *, warm=True, first=0, **contenders) -> tuple[list, dict]:
+    """The contenders called in turn, round after round, so that a slow spell on a shared machine slows
+    them alike, and every other round (counted from `first`) in the reverse order: a place in the round
+    tells on a time (the same program raced against itself, always second, ran ~2% slower). Returns
+    ([{name: seconds} for each round], {name: first call, which warms up and compiles; none when not `warm`})."""
+    def seconds(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    warmup = {name: seconds(fn) for name, fn in contenders.items()} if warm else {}
+    names = list(contenders)
+    return [{name: seconds(contenders[name]) for name in (names if (first + r) % 2 == 0 else names[::-1])}
+            for r in range(rounds)], warmup
 
 
 def race(rounds=3, **contenders) -> tuple[dict, dict]:

@@ -3,8 +3,6 @@ every verifier exact (enumerated on a 4-token vocabulary, sampled through the lo
 of k is the theory module's."""
 
 import dataclasses
-import json
-import sys
 from functools import partial
 
 import jax
@@ -291,7 +289,6 @@ def test_a_row_counts_the_other_rows_evidence_as_ALIKE_drafts_at_most():
     (the control, pool = own); counting the others' 36 drafts as 32, the batch drafts 3. With a
     million drafts each (the test above), the others' 32 do not move a row."""
     from picospec.beyond.batch import ROWS, furthest, together
-    from picospec.beyond.policy import ALIKE
     from picospec.beyond.score_first import own
     policy = Policy(jnp.float32(0), jnp.float32(np.r_[np.inf, V_B4[1:]]), jnp.float32(0), horizon=jnp.float32(64))
     s, f = jnp.float32([8, 12, 12, 12]), jnp.float32([4, 0, 0, 0])
@@ -411,64 +408,6 @@ def test_the_stream_stops_drafting_where_the_batch_does_and_gives_its_tokens():
         np.testing.assert_array_equal(sum((s.tokens for s in rows[b]), []), out[b])
 
 
-def test_a_prior_from_the_prompt_can_stop_drafting_before_the_first_call_and_stays_exact():
-    """The CLI's prior (autotune.prompt_prior), a row's share: the pair's alpha on the target's own text as
-    ALIKE judged drafts, then the beta of the prompt's own tokens after its first. A draft the target never
-    agrees with stops before its first call; one it always agrees with brings no failures; a prompt of one
-    token brings only the pair's. Greedy output stays the target's (the choice of k looks only at the past)."""
-    from picospec.tools.autotune import prompt_prior
-    from picospec.tools.autotune.typical import alpha
-    v = jnp.float32([1.0, 1.8, 2.0, 2.2])  # drafting pays only if alpha is high
-    policy, prompt, greedy = Policy(jnp.float32(0), v, jnp.float32(0)), [1, 4, 2, 7, 3, 0], Sampling(0.0)
-    unrelated = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=2)
-    assert alpha(TARGET, TARGET, greedy) == 1 and alpha(unrelated, TARGET, greedy) < 0.5
-    doubtful = prompt_prior(policy, unrelated, TARGET, [prompt], greedy)
-    assert float(doubtful.prior[0]) < 2 + ALIKE / 2 and float(sum(doubtful.prior)) == pytest.approx(ALIKE + len(prompt) - 1)
-    assert prompt_prior(policy, TARGET, TARGET, [prompt, prompt], greedy).prior.tolist() == [ALIKE / 2 + len(prompt) - 1, 0]
-    alone = prompt_prior(policy, unrelated, TARGET, [[5], [2]], greedy).prior  # one token each: the pair's alone
-    np.testing.assert_allclose(alone, np.float32([alpha(unrelated, TARGET, greedy), 1 - alpha(unrelated, TARGET, greedy)])
-                               * ALIKE / 2, rtol=1e-6)
-    out, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
-                                             policy=doubtful)
-    assert not np.asarray(trace.k[:int(trace.n_steps)]).any()  # never drafted
-    np.testing.assert_array_equal(out, picospec.autoregressive_sample(TARGET, prompt, 20, jax.random.key(0),
-                                                                      temperature=0))
-    no_prior = dataclasses.replace(doubtful, prior=jnp.zeros(2, jnp.float32))  # the same program, as data
-    _, trace = picospec.speculative_sample(unrelated, TARGET, prompt, 20, jax.random.key(0), K=3, temperature=0,
-                                           policy=no_prior)
-    assert np.asarray(trace.k[:2]).all()  # the control: without the prior it drafts first
-
-
-def test_the_pairs_alpha_on_the_targets_own_text_is_measured_once_for_each_pair_and_sampling(tmp_path, monkeypatch):
-    """typical.alpha, greedy: the share of the target's own greedy tokens, past a document's first SKIP, after
-    which the draft's top choice is the target's, checked against texts written one at a time with the
-    single-prompt sampler. Kept in costs.json: read back, not measured again; another sampling, or a draft
-    of the same shapes with other weights, is measured afresh."""
-    from picospec.gpt2 import logits
-    from picospec.tools.autotune import typical
-    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
-    draft, eos = early_exit(TARGET, 1), TARGET.config.eos_token_id
-    first = np.argsort(-np.asarray(logits(TARGET, [eos]))[-1])[:typical.TEXTS]
-    agree = []
-    for token in first:
-        n = min(typical.SKIP + typical.TOKENS, TARGET.config.n_positions - 2)
-        text = [eos, int(token)] + np.asarray(picospec.autoregressive_sample(TARGET, [eos, int(token)], n,
-                                                                             jax.random.key(0), temperature=0)).tolist()
-        after = 2 + min(typical.SKIP, n // 2)  # the document's start and its first words left out
-        top = [np.asarray(logits(model, text)).argmax(-1)[after:] for model in (draft, TARGET)]
-        agree += (top[0] == top[1]).tolist()
-    assert typical.alpha(draft, TARGET, Sampling(0.0)) == pytest.approx(np.mean(agree), abs=1e-6)
-    assert 0.2 < np.mean(agree) < 0.95  # neither end: the check means something
-    monkeypatch.setattr(typical, "measure", lambda *args: pytest.fail("measured again"))
-    assert typical.alpha(draft, TARGET, Sampling(0.0)) == pytest.approx(np.mean(agree), abs=1e-6)
-    monkeypatch.undo()
-    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
-    other = random_model(seed=9, vocab_size=TARGET.config.vocab_size, n_layer=1)  # draft's shapes, other weights
-    assert typical.alpha(other, TARGET, Sampling(0.0)) != typical.alpha(draft, TARGET, Sampling(0.0))
-    assert 0 < typical.alpha(draft, TARGET, Sampling(0.8)) < 1
-    assert len(json.loads((tmp_path / "costs.json").read_text())) == 3
-
-
 def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_together():
     """Its cache stays empty exactly when the loop will not draft (batch_drafting false at the start).
     Prior (3, 17) a row: alone, 20 judged drafts, alpha ~ 0.18 could still pay 2 sd up, so it drafts;
@@ -494,34 +433,23 @@ def test_a_draft_the_prior_stops_is_never_prefilled_and_a_batch_decides_it_toget
     assert prefilled(starts(draft))  # the control: each row on its own prior would prefill
 
 
-def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loops_tokens_and_trace(monkeypatch):
-    """When the prior alone chooses k = 0 (the draft never runs), the public samplers decode
-    autoregressively in the target's own buffers: every token and every trace field is what the loop
-    gives (its k = 0 from the first iteration is the target's own steps, from the same keys), sampled,
-    a row stopping at <|endoftext|>. The control: a prior that drafts runs the loop."""
-    from picospec.beyond.batch import batch_buffers, speculative_batch
+def test_a_prior_that_stops_the_draft_decodes_as_autoregressive_sampling_does(monkeypatch):
+    """When the prior alone chooses k = 0 (the draft never runs), the loop steps the target alone from the
+    first iteration: every token is autoregressive sampling's from the same keys (sampled, a row stopping
+    at <|endoftext|>), every iteration drafted nothing, and the CLI's stream shows the same. The control:
+    a prior that drafts drafts."""
     from picospec.tools import samplers
     v, K, n = jnp.float32([1.0, 1.5, 1.8, 2.0]), 3, 12  # drafting pays only if alpha is high
     doubtful = Policy(jnp.float32(0), v, jnp.float32(0), prior=jnp.float32([1, 20]), horizon=jnp.float32(n))
     prompts, keys = [[1, 4], [3, 3, 0], [2]], jax.random.split(jax.random.key(1), 3)
-    tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n, K, TARGET.config)
-    draft, step, verify = samplers.plug_in(DRAFT, TARGET, K, policy=doubtful)
-    assert samplers.stops_at_once(draft, len(prompts)) and samplers.stops_at_once(draft, 1)
-    out, trace = speculative_batch(draft, TARGET, tokens, n_prompt, keys, n, K, Sampling(0.8), prefill_len, max_len,
-                                   TARGET.config.eos_token_id, verify, step)
-    monkeypatch.setattr(samplers, "speculative_batch", None)  # the loop is not run (one prompt's path: the test above)
-    got, got_trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0.8,
-                                                       stop_at_eos=True, policy=doubtful)
+    out = picospec.autoregressive_sample_batch(TARGET, prompts, n, keys, temperature=0.8, stop_at_eos=True)
+    got, trace = picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0.8,
+                                                   stop_at_eos=True, policy=doubtful)
     np.testing.assert_array_equal(got, out)
-    np.testing.assert_array_equal(got_trace.n_steps, trace.n_steps)
     assert int(trace.n_steps[0]) < n  # the first row stopped at <|endoftext|>
-    for b, steps in enumerate(np.asarray(trace.n_steps)):  # the rows written (a finished row's later: scratch)
-        for name in set(trace._fields) - {"n_steps", "finite"}:  # the rows' fields
-            mine, its = getattr(got_trace, name), getattr(trace, name)
-            np.testing.assert_array_equal(mine[b, :steps], its[b, :steps], err_msg=name)
-    rows = [[], [], []]  # the CLI's stream: the target's own program, shown as the loop's k = 0 steps
-    iterations = sys.modules["picospec.tools.cli.iterations"]
-    monkeypatch.setattr(iterations, "batch_start", None)  # its speculative start: not run
+    for b, steps in enumerate(np.asarray(trace.n_steps)):
+        assert not np.asarray(trace.k[b, :steps]).any()  # never drafted
+    rows = [[], [], []]  # the CLI's stream
     for iteration in stream(DRAFT, TARGET, prompts, n, keys, K=K, sampling=Sampling(0.8),
                             eos_id=TARGET.config.eos_token_id, policy=doubtful):
         for b, step in enumerate(iteration):
@@ -530,31 +458,8 @@ def test_a_prior_that_stops_the_draft_runs_autoregressive_decoding_with_the_loop
         assert len(rows[b]) == int(trace.n_steps[b]) and not any(step.proposed for step in rows[b])
         np.testing.assert_array_equal(sum((step.tokens for step in rows[b]), []), out[b, :int(trace.n_steps[b])])
     drafting = dataclasses.replace(doubtful, prior=jnp.float32([20, 1]))
-    assert not samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, K, policy=drafting)[0], len(prompts))
-    with pytest.raises(TypeError):  # the control: this prior drafts, so the (removed) loop is called
-        picospec.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0, policy=drafting)
-
-
-def test_whether_the_prior_stops_the_draft_is_asked_once_per_policy_and_batch_size(monkeypatch):
-    """Reading stops_at_once's answer waits for all the device has queued (the last call's whole loop),
-    so the samplers ask once per policy and B: the same policy again is not asked; another B, or another
-    policy object (even an equal one), is; a fixed K never is; a policy gone takes its answers with it."""
-    import gc
-
-    from picospec.tools import samplers
-    asked = []
-    monkeypatch.setattr(samplers, "prior_stops", lambda policy, B: asked.append(B) or True)
-    policy = Policy(jnp.float32(0), jnp.float32([1.0, 2.0]), jnp.float32(0))
-    draft = samplers.plug_in(DRAFT, TARGET, 1, policy=policy)[0]
-    assert samplers.stops_at_once(draft, 2) and samplers.stops_at_once(draft, 2) and asked == [2]
-    assert samplers.stops_at_once(draft, 3) and asked == [2, 3]
-    assert samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, 1, policy=dataclasses.replace(policy))[0], 2)
-    assert not samplers.stops_at_once(samplers.plug_in(DRAFT, TARGET, 1, policy=fixed(1))[0], 2)
-    assert asked == [2, 3, 2]
-    kept = len(samplers._decided)
-    del draft, policy
-    gc.collect()
-    assert len(samplers._decided) == kept - 2
+    _, trace = samplers.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0, policy=drafting)
+    assert np.asarray(trace.k[:, 0]).all()  # the control: this prior drafts from the first iteration
 
 
 def test_a_model_draft_compiles_no_block_of_one_position():

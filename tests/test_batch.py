@@ -3,6 +3,7 @@
 import importlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import early_exit, random_model
@@ -233,7 +234,7 @@ def test_the_command_lines_one_prompt_is_stepped_as_its_row_copying_no_cache():
 
     def allocates(state, n_end):  # bytes of temporaries the compiled, state-donating step needs
         step = jax.jit(stream.autoregressive_iteration, static_argnames="eos_id", donate_argnums=1)
-        program = step.lower(target, state, n_end, Sampling(0.8), eos_id=-1).compile()
+        program = step.lower(target, state, n_end, Sampling(0.8), jnp.array(False), eos_id=-1).compile()
         return program.memory_analysis().temp_size_in_bytes
     assert state.n.ndim == 0 and allocates(state, n_prompt[0] + 200) < caches / 4
     batched = jax.tree_util.tree_map(lambda x: x[None], state)  # the control

@@ -10,11 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DATA, DEVICE, random_model
-from timing import forward_times, iteration_calls
+from timing import forward_times, iteration_calls, race_laps
 
 from picospec.beyond import theory
 from picospec.gpt2 import forward, init_cache
-from picospec.tools.autotune.costs import race_laps
 
 PAIR = f"{DATA / 'tiny-prefixed'}:{DATA / 'tiny-hub'}"
 

@@ -2,7 +2,6 @@
 XLA's code in JAX's persistent cache, and gives the same tokens; what the program was built from changes
 its files; a damaged file is rebuilt with a note."""
 
-import importlib
 import json
 import logging
 from collections import OrderedDict
@@ -14,13 +13,11 @@ import pytest
 from test_cli import PAIR, run_cli
 
 from picospec import load_model
-from picospec.beyond.policy import Policy
 from picospec.gpt2 import logits
 from picospec.sampling import Sampling, logits_to_probs
 from picospec.tools import programs
 from picospec.tools.cli import options
 
-stream = importlib.import_module("picospec.tools.cli.stream")  # the module (the package names its function stream)
 RUN = [*PAIR, "--prompt", "To be", "--n-tokens", "10", "--K", "3", "--json"]
 
 
@@ -70,32 +67,30 @@ def test_a_repeated_run_traces_nothing_and_gives_the_same_tokens(capsys, cache, 
         again()
 
 
-def test_auto_reads_its_prior_from_saved_programs(cache, monkeypatch, caplog):
-    """--K auto's start-up beyond the stream's programs: the laws at the prompt's positions (its prior,
-    options.law) and whether the prior alone stops the draft (stream.asked) come from saved programs, so
-    a repeated run traces neither. JAX's in-process caches are cleared before it, as a new process starts
-    without them; JAX's own small functions (a key's split) may trace."""
+def test_the_tree_prior_reads_its_laws_from_saved_programs(cache, monkeypatch, caplog):
+    """--tree's start-up beyond the stream's programs, the laws at the prompt's positions (options.law),
+    come from saved programs, so a repeated run traces none. JAX's in-process caches are cleared before it,
+    as a new process starts without them; JAX's own small functions (a key's split) may trace."""
     draft, prompt, sampling = load_model("tiny-draft"), [5, 7, 9], Sampling(0.8)
-    policy = Policy(jnp.float32(0), jnp.float32([2.0, 1.0]), jnp.float32(0), prior=jnp.float32([3.0, 1.0]))
-    ours = {"each_laws", "laws", "logits", "forward", "logits_to_probs", "prior_stops", "choose_k", "may_stop"}
+    ours = {"each_laws", "laws", "logits", "forward", "logits_to_probs"}
 
-    def run():  # -> (the laws, the decision), and the functions it traced, by name
+    def run():  # -> the laws, and the functions it traced, by name
         monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())  # as a new process starts
         jax.clear_caches()
         caplog.clear()
         with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax._src.dispatch"):
-            result = options.law(draft, [prompt], sampling)[0], bool(stream.asked(policy, 2))
+            result = options.law(draft, [prompt], sampling)[0]
         return result, {m.split()[2] for m in caplog.messages if m.startswith("Finished tracing")}
-    (laws, stops), first = run()
-    (laws_again, stops_again), again = run()
-    assert {"each_laws", "prior_stops"} <= first and not again & ours
-    assert np.array_equal(laws, laws_again) and stops == stops_again
+    laws, first = run()
+    laws_again, again = run()
+    assert "each_laws" in first and not again & ours
+    assert np.array_equal(laws, laws_again)
     # The prompt's rows of the padded call are the model's laws there.
     np.testing.assert_allclose(laws, logits_to_probs(logits(draft, prompt), sampling), atol=1e-6)
     # The control: with no saved programs, each run traces them again.
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", "off")
     monkeypatch.setattr(programs, "BUILT_HERE", OrderedDict())
-    assert {"each_laws", "prior_stops"} <= run()[1]
+    assert "each_laws" in run()[1]
 
 
 def test_with_the_folder_off_a_process_runs_its_own_programs_again(capsys, monkeypatch):

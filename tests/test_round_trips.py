@@ -17,7 +17,6 @@ from picospec import speculative
 from picospec.beyond.policy import Policy
 from picospec.beyond.tree import branches
 from picospec.sampling import Sampling, keep_top_k, keep_top_p
-from picospec.tools import samplers
 
 SAMPLED = dict(temperature=0.8, top_k=20, top_p=0.9)
 P, KEY = [5, 6, 7], jax.random.key(0)
@@ -56,7 +55,6 @@ def samplers_of(draft, target):
 
 
 def test_an_iteration_waits_for_the_host_at_most_once_on_an_accelerator(pair, monkeypatch):
-    monkeypatch.setattr(samplers, "stops_at_once", lambda *args, **kwargs: False)  # a host read, before the loop
     counted = {name: per_iteration(run) for name, (run, _) in samplers_of(*pair).items()}
     assert counted == {name: most for name, (_, most) in samplers_of(*pair).items()}
 

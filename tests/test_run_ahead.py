@@ -95,7 +95,8 @@ def test_a_dispatch_of_iterations_waits_for_the_host_never_on_an_accelerator(B):
     """The program of 8 iterations, lowered for cuda (counted from its jaxpr: tests/round_trips.py), makes
     no round trip to the host, speculative (K = 3, T = 0.8, top-k, top-p) and autoregressive, for one row
     and two: a scan of static length, each iteration past a row's end run branch-free. The control: its
-    CPU form skips those with a cond whose index is computed at run time, one an iteration."""
+    CPU form skips those with a cond whose index is computed at run time, one an iteration (and, speculative,
+    one more: whether the draft still drafts, asked only until an iteration steps no row)."""
     prompts, keys = PROMPTS[:B], jax.random.split(jax.random.key(0), B)
     n_end, sampling = jnp.int32(15) if B == 1 else jnp.full(B, 15, jnp.int32), Sampling(0.8, 20, 0.9)
     draft, step, rule = plug_in(DRAFT, TARGET, 3)
@@ -109,5 +110,5 @@ def test_a_dispatch_of_iterations_waits_for_the_host_never_on_an_accelerator(B):
                            TARGET, tokens, n_prompt, keys)
     autoregressive = jax.make_jaxpr(partial(iterations.run_ahead, each=iterations.autoregressive_iteration, n=8,
                                             eos_id=-1))((TARGET,), state, n_end, sampling)
-    for program in (speculative, autoregressive):
-        assert trips(program.jaxpr, "cuda") == 0 and trips(program.jaxpr, "cpu") == 8
+    for program, conds in ((speculative, 16), (autoregressive, 8)):  # the CPU's: whether to step, (and whether
+        assert trips(program.jaxpr, "cuda") == 0 and trips(program.jaxpr, "cpu") == conds  # to ask the policy)

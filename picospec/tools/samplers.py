@@ -1,24 +1,20 @@
 """The public entry points (`picospec.speculative_sample` and the rest): the lesson's samplers with their
 input checked (tools/checks.py), their options named (`verify="block"`, `drafts=2`, a `policy`) and turned
 into the lesson's plug-ins, for batches the memory checked and the rows placed on devices, and the
-trace's non-finite flags read after the loop. A policy whose prior alone stops the draft runs
-autoregressive decoding (`stops_at_once`): the loop's tokens and trace, in the target's own buffers."""
+trace's non-finite flags read after the loop."""
 
-import weakref
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 from picospec import autoregressive, gpt2
-from picospec.autoregressive import buffers
 from picospec.beyond import loop
 from picospec.beyond.adaptive import AdaptiveDraft, adaptive_step
-from picospec.beyond.batch import ROWS, autoregressive_batch, batch_buffers, in_batch, speculative_batch
+from picospec.beyond.batch import autoregressive_batch, batch_buffers, speculative_batch
 from picospec.beyond.dynamic import DynamicDraft, Grown
 from picospec.beyond.eagle import HeadDraft, adaptive_head_step, head_step
 from picospec.beyond.eagle_tree import HeadTreeDraft, head_tree_step
-from picospec.beyond.loop import ModelDraft, empty_trace, speculative_step
+from picospec.beyond.loop import ModelDraft, speculative_step
 from picospec.beyond.ngram import NGramDraft
 from picospec.beyond.policy import fixed
 from picospec.beyond.several import branches_rule
@@ -67,46 +63,6 @@ def as_tree(K: int, drafts: int, tree):
     return (drafts * K, branches(drafts, K)) if drafts > 1 else (K, tree)
 
 
-@partial(jax.jit, static_argnames="B")
-def prior_stops(policy, B: int):  # bool []: one row's decision, as B rows stepped together make it
-    return jax.vmap(lambda _: in_batch(AdaptiveDraft(None, policy)).stops_at_once(), axis_name=ROWS)(jnp.zeros(B))[0]
-
-
-_decided = {}  # (id(policy), B) -> stops_at_once's answer, kept while the policy lives
-
-
-def stops_at_once(draft, B: int, ask=None) -> bool:
-    """`--K auto`'s prior alone chooses k = 0 for a batch of B rows (adaptive.AdaptiveDraft.stops_at_once):
-    the loop would skip the draft's prefill and step the target alone from the first iteration.
-    Asked once per policy and B: reading the answer waits for everything the device has queued before
-    it (the last call's whole loop), so asking on every call would stop the host from preparing the next
-    call while the device runs this one (the host's ~7 ms a call, against ~110 ms for 64 tokens on the
-    bundled pair at B = 1). ask: how to ask it, prior_stops's way (the CLI: through a saved program)."""
-    if not (isinstance(draft, AdaptiveDraft) and draft.policy.auto):
-        return False
-    asked = (id(draft.policy), B)
-    if asked not in _decided:
-        with jax.ensure_compile_time_eval():  # under an outer jit too, while the policy is concrete
-            stops = (ask or prior_stops)(draft.policy, B)
-        if isinstance(stops, jax.core.Tracer):  # a policy traced by an outer jit: the loop decides, and a draft
-            return False  # its prior stops gives the same tokens and trace there (it steps the target alone)
-        _decided[asked] = bool(stops)
-        weakref.finalize(draft.policy, _decided.pop, asked, None)
-    return _decided[asked]
-
-
-@partial(jax.jit, static_argnames=("R", "K", "eos_id"))
-def stepped_alone(out, R: int, K: int, eos_id: int):
-    """The trace loop.target_alone records over rows of tokens out [B, n_tokens]: one step a
-    token, k = 0, up to a row's first <|endoftext|> when stopping there; room for R iterations of K drafts."""
-    B, n = out.shape
-    is_eos = out == eos_id
-    n_steps = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, -1) + 1, n).astype(jnp.int32)  # [B]
-    trace = jax.vmap(lambda _: empty_trace(R, K))(jnp.arange(B))
-    extra = trace.extra.at[:, :n].set(jnp.where(jnp.arange(n) < n_steps[:, None], out, 0))  # [B, R]
-    return trace._replace(extra=extra, n_steps=n_steps)
-
-
 def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, *, K=4, temperature=1.0,
                        top_k=0, top_p=1.0, stop_at_eos=False, verify="token", policy=None, drafts=1, tree=None,
                        children="iid"):
@@ -137,11 +93,6 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
     pair, (draft, step, verify) = (draft, target), plug_in(draft, target, K, verify, drafts, policy, tree, children)
-    if stops_at_once(draft, 1):
-        out = autoregressive_sample(target, prompt_tokens, n_tokens, key, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, stop_at_eos=stop_at_eos)
-        R, eos_id = len(buffers(prompt_tokens, n_tokens, K, target.config)[0]), checks.eos(target, stop_at_eos)
-        return out, jax.tree_util.tree_map(lambda x: x[0], stepped_alone(out[None], R, K, eos_id))
     out, trace = loop.speculative_sample(draft, target, prompt_tokens, n_tokens, key, K=K,
                                          temperature=sampling.temperature, top_k=sampling.top_k,
                                          top_p=sampling.top_p, stop_at_eos=stop_at_eos, verify=verify, step=step)
@@ -183,10 +134,6 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, K, target.config)
     models, pair = [m for m in (draft, target) if isinstance(m, Model)], (draft, target)
     draft, step, verify = plug_in(draft, target, K, verify, drafts, policy, tree, children)
-    if stops_at_once(draft, len(prompts)):
-        out = autoregressive_sample_batch(target, prompts, n_tokens, keys, temperature=temperature, top_k=top_k,
-                                          top_p=top_p, stop_at_eos=stop_at_eos, mesh=mesh)
-        return out, stepped_alone(out, tokens.shape[1], K, eos_id)
     check_memory(len(prompts) * memory_per_row(models, max_len, K + 1), len(prompts))
     args = (tokens, n_prompt, checks.keys(keys, len(prompts)))
     if mesh is not None:

@@ -1,81 +1,95 @@
-"""`--K auto`'s tuner: the policy (picospec/beyond/policy.py) made for this machine, pair and batch. Its
-costs are timed here once and kept (costs.py, the shape of an iteration's time in cost_model.py), its
-prior starts from the pair on the target's own text (typical.py) and the prompts' own tokens. A run's own
-times never change them: deleting costs.json (jit_cache.py) has them timed again. A fixed K needs none of it."""
+"""`--K auto`'s tuner: the policy (picospec/beyond/policy.py) made for this machine, pair, batch and run.
+The CLI compiles its iterations, then hands them here (cli/stream.py calls `tune`): their costs are
+laps of those very programs (laps.py), timed once for the machine and kept in costs.json (jit_cache.py);
+the prior is the acceptance the same laps see, on text the target writes after each prompt's first
+token, taken anew every run. A fixed K needs none of it."""
 
 import dataclasses
-import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.beyond.batch import batch_buffers
-from picospec.beyond.policy import ALIKE, Policy, fixed
+from picospec.beyond.policy import Policy, fixed
 from picospec.gpt2 import Model
-from picospec.sampling import Sampling
-from picospec.tools import checks
-from picospec.tools.autotune import typical
-from picospec.tools.autotune.costs import TIMED_ROWS, auto_policy, kept_as
+from picospec.tools.autotune import laps
 from picospec.tools.cli import options
-from picospec.tools.jit_cache import is_kept
+from picospec.tools.cli.stream import Timing, stream, warm
+from picospec.tools.jit_cache import is_kept, remembered
+from picospec.tools.memory import run_device
+from picospec.tools.programs import source_digest
 
 
-def make_policy(args, draft, target, prompts):
-    """The policy.Policy the flags ask for: --K auto times this machine's iterations (costs.py, saying so the
-    first time), starts from a prior (prompt_prior: the pair on the target's own text, then the prompts'
-    tokens), and knows each row's --n-tokens (a batch waits for its slowest row); --confidence alone cuts
-    a fixed K short; neither: None, always K drafts."""
+def make_policy(args):
+    """The policy.Policy the flags ask for: --K auto, one that `tune` fills in once the programs are compiled
+    (it knows each row's --n-tokens: a batch waits for its slowest row); --confidence alone cuts a
+    fixed K short; neither: None, always K drafts."""
     if args.K == "auto":
-        capacity, sampling = auto_sizes(args, target, prompts)
-        timed = min(len(prompts), TIMED_ROWS)
-        if not is_kept(kept_as(draft, target, options.AUTO_K_MAX, capacity, sampling, timed, True)):
-            print("picospec: note: --K auto first times this machine's iterations (once for this pair, batch "
-                  "size and sampling; about a minute on the bundled pair)", file=sys.stderr, flush=True)
-        policy = auto_policy(draft, target, options.AUTO_K_MAX, capacity, sampling, args.confidence, len(prompts), True)
-        policy = dataclasses.replace(policy, horizon=jnp.float32(args.n_tokens))
-        return prompt_prior(policy, draft, target, prompts, sampling)
+        return untuned(options.AUTO_K_MAX, args.n_tokens, args.confidence)
     return fixed(args.K, args.confidence) if args.confidence > 0 else None
 
 
-def auto_sizes(args, target, prompts) -> tuple[int, Sampling]:
-    """What --K auto's costs are timed for, besides the pair and the batch: the cache capacity, the sampling."""
-    return (batch_buffers(prompts, args.n_tokens, options.AUTO_K_MAX, target.config)[3],
-            checks.sampling(args.temperature, args.top_k, args.top_p))
+def untuned(K_max: int, n_tokens: int, threshold: float = 0.0) -> Policy:
+    """Auto's policy before `tune`: every field the compiled program takes, as data of its final shapes."""
+    return Policy(jnp.float32(0), jnp.ones(K_max + 1, jnp.float32), jnp.float32(threshold),
+                  prior=jnp.zeros(2, jnp.float32), horizon=jnp.float32(n_tokens), prefill=jnp.float32(0))
 
 
-def prompt_prior(policy: Policy, draft, target, prompts, sampling: Sampling) -> Policy:
-    """The policy with its prior evidence, a row's share: the pair's alpha on the target's own text
-    (typical.py) as policy.ALIKE judged drafts, and then the beta at the prompts' positions, every one
-    but each prompt's first, whose context is one token. There both models' laws are their flattest,
-    and greedy, whether their top choices agree is a coin toss (on the bundled pair, 2 of 24 held-out
-    verses, against 71-92% at every later position), while every draft the loop judges follows a
-    whole prompt. A batch of more than PRIOR_PROMPTS prompts is judged by its first PRIOR_PROMPTS, their
-    evidence counted for all. A draft that is not a model: no prior."""
-    if not isinstance(draft, Model):
-        return policy
-    alpha = typical.alpha(draft, target, sampling)
-    evidence = ALIKE * np.float32([alpha, 1 - alpha])  # (successes, failures)
-    judged = prompts[:PRIOR_PROMPTS]
-    later = np.concatenate([np.arange(len(prompt)) > 0 for prompt in judged])  # [positions]: all but the first
-    if later.any():
-        p, q = options.prompt_laws(draft, target, judged, sampling, sampling, least=1)
-        beta = np.minimum(p, q).sum(-1)[later]  # each prompt token's chance, had the draft proposed it
-        evidence += np.float32([beta.sum(), (1 - beta).sum()]) * (len(prompts) / len(judged))
-    return dataclasses.replace(policy, prior=jnp.float32(evidence) / len(prompts))
+def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
+    """(the draft with its policy tuned, what it was tuned from): `step` and `alone` are the run's compiled
+    iterations (drafting, and the target alone), `init` its compiled start, the rest its arguments."""
+    draft, target = models
+    K = draft.policy.v.shape[0] - 1
+    start = init(laps.force(draft, K), target, *laps.at_first_tokens(tokens, n_prompt, keys))
+    lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # as many tokens as the run makes, after the first token
+    key = kept_as(draft, target, tokens.shape, sampling)
+    if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
+        warm(step, draft, target, start, lap_end, sampling)
+    found = remembered(key, lambda: laps.costs(step, alone, draft, target, start, lap_end, sampling))
+    prior = laps.evidence(laps.lap(step, alone, draft, target, start, lap_end, sampling, K)[1])
+    policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
+                                 prefill=jnp.float32(found["prefill"]))
+    return dataclasses.replace(draft, policy=policy), found | {"prior": prior}
 
 
-PRIOR_PROMPTS = 256  # the prompts whose positions the prior reads (two forward passes each)
+def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None) -> Policy:
+    """The policy --K auto runs these prompts with (stream.py's start, then `tune`), for the library's samplers."""
+    timing = Timing()
+    keys = jax.random.split(jax.random.key(0), len(prompts)) if keys is None else keys
+    run = stream(draft, target, prompts, n_tokens, keys, K=options.AUTO_K_MAX, sampling=sampling,
+                 policy=untuned(options.AUTO_K_MAX, n_tokens), tune=tune, timing=timing)
+    next(run)
+    run.close()
+    return timing.policy
 
 
-def explain(policy: Policy, steps, B: int) -> dict:
+def describe(model) -> str:
+    if not isinstance(model, Model):
+        return type(model).__name__
+    c = model.config
+    return (f"L{c.n_layer}H{c.n_head}C{c.n_embd}V{c.vocab_size}P{c.n_positions}"
+            f"-{model.params['wte']['weight'].dtype}")
+
+
+def kept_as(draft, target: Model, shape, sampling) -> str:
+    """The key in costs.json of these costs: the machine, the pair, K_max, the rows and their buffers, how
+    tokens are sampled, and picospec's source (an edit may change what an iteration costs)."""
+    device, K = run_device(), draft.policy.v.shape[0] - 1
+    mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
+    inner = getattr(draft.draft, "model", draft.draft)
+    return (f"{device.platform}:{device.device_kind}:{describe(inner)}:{describe(target)}:K{K}:B{shape[0]}"
+            f"S{shape[-1]}:{mode}:src{source_digest()[:16]}:laps")
+
+
+def explain(tuned: dict, steps) -> dict:
     """What --K auto decided and why, for --json: the k it drafted (iterations of each, all rows), the
-    acceptance it saw (accepted over judged drafts: those up to the first rejection), the prior it started
-    from (alpha and how many judged drafts it counts for, the batch's), and the iteration times it weighed
-    (ms drafting k = 0..K_max on this machine, timed once and kept); stopped: drafting ended for good (k = 0)."""
+    acceptance it saw (accepted over judged drafts: those up to the first rejection), and what it decided
+    from: the prior (a row's share of judged drafts, successes and failures), the iteration costs weighed
+    (k = 0..K_max, in units of k = 0's, which took `ms`), the spread added to them; stopped: drafting ended for
+    good (k = 0)."""
     ks = [s.k if s.proposed else 0 for s in steps]
     judged = sum(min(s.accepted + 1, s.k) for s in steps if s.proposed)
-    prior = np.asarray(policy.prior, np.float64)
     return {"k_chosen": {str(k): ks.count(k) for k in sorted(set(ks))},
             "acceptance_seen": sum(s.accepted for s in steps) / judged if judged else None,
-            "prior": {"alpha": float(prior[0] / max(prior.sum(), 1e-9)), "drafts": float(prior.sum() * B)},
-            "iteration_ms": [round(float(v), 4) for v in np.asarray(policy.v)], "stopped": 0 in ks}
+            "prior": [round(float(x), 4) for x in np.asarray(tuned["prior"])], "costs": tuned["v"],
+            "spread": tuned["spread"], "ms": tuned["ms"], "stopped": 0 in ks}

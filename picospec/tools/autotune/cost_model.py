@@ -1,4 +1,4 @@
-"""The shape timed iteration costs must have, imposed on a noisy timing (costs.py).
+"""The shape timed iteration costs must have, imposed on a noisy timing (laps.py).
 
 An iteration that drafts k >= 1 tokens runs k draft steps, each the same forward call on one token, and
 one target call on the smallest block of score_first.score_sizes that holds k + 1 positions. So within
@@ -6,13 +6,6 @@ one block size, v(k) grows by the same c for each draft: v(k) = v_block + k c. A
 (least squares, one c, one v_block per block size), and then never falls as k grows. On a shared
 2-core machine one lap can be 10% off; the fit spreads it over the block's other k, where it would
 otherwise have auto draft 5 rather than 7 a call for a lap that timed 7 too slow.
-
-c itself is the costs' least certain part (a difference of laps a few drafts apart: one round's c varies
-by 0.1 of v(0) in a slow spell), so rounds are raced until their median c is `settled`.
-
-A timing is kept, and a machine has states: a slow spell of a shared machine (or another busy program)
-slows every iteration 2-3x. The choice of k reads only the ratios of the costs, which a uniform slowdown
-leaves as they are; a run's own times never change them (deleting costs.json has them timed again).
 """
 
 import numpy as np
@@ -26,10 +19,13 @@ def blocks(K: int) -> list[int]:
 
 
 def worth_timing(K: int) -> list[int]:
-    """The k a timing needs: 0, and each block's fewest and most drafts (K = 7: 0, 1, 2, 3, 4, 7). The k
-    between add little to the fit (its slope rests on the ends) and take as long to time."""
-    b = [None] + blocks(K) + [None]  # b[k] for k = 1..K, and none past either end
-    return [0] + [k for k in range(1, K + 1) if b[k - 1] != b[k] or b[k] != b[k + 1]]  # a block's first or last
+    """The k a timing needs: 0, each block's most drafts, and the fewest of the last block holding two k or more
+    (K = 7: 0, 1, 3, 4, 7): one v_block each, and c from two k of one block. The k between follow from the
+    fit and take as long to time."""
+    b = blocks(K)  # b[k - 1]: the block of k drafts
+    ends = {k for k in range(1, K + 1) if k == K or b[k] != b[k - 1]}
+    wide = [x for x in b if b.count(x) > 1]
+    return sorted({0} | ends | ({b.index(wide[-1]) + 1} if wide else set()))
 
 
 def fit(v: list) -> tuple[np.ndarray, np.ndarray]:
@@ -48,20 +44,6 @@ def per_block(v: list) -> list:
     for k >= 1."""
     X, coef = fit(v)
     return [float(v[0])] + (X @ coef).tolist()
-
-
-def settled(rounds: list, precision: float) -> bool:
-    """Whether rounds of timings (each v [K+1] over its own v(0)) pin down what a draft adds, c, to
-    within `precision` of v(0): the standard error of their median c, 1.25 sd / sqrt(n). c is the
-    difference of two timings a few drafts apart, the costs' noisiest part, and it decides how far
-    auto drafts (timed 0.31 of v(0) where it is 0.13, auto drafts 3 a call where 7 pays). A K_max with
-    no block of two k or more does not time c: settled at once."""
-    if rounds and len(score_sizes(len(rounds[0]) - 1)) == len(rounds[0]):
-        return True
-    if len(rounds) < 2:
-        return False
-    c = [fit(v)[1][0] for v in rounds]
-    return 1.2533 * np.std(c, ddof=1) / np.sqrt(len(c)) <= precision
 
 
 def never_less(v: list) -> list:

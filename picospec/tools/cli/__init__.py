@@ -78,11 +78,12 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
     if out and B == 1:
         out.write(texts[0])
-    policy = autotune.make_policy(args, draft, target, prompts) if mode == "speculative" else None
+    policy = autotune.make_policy(args) if mode == "speculative" else None
+    tune = autotune.tune if mode == "speculative" and args.K == "auto" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
                             K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
-                            tree=args.shape, children=args.children):
+                            tree=args.shape, children=args.children, tune=tune):
         for b, step in enumerate(iteration):
             if step is None:
                 continue
@@ -100,7 +101,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | where
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if mode == "speculative" and args.K == "auto":  # what auto decided, and why
-        stats["auto"] = autotune.explain(policy, [s for row in steps for s in row], B)
+        stats["auto"] = autotune.explain(timing.tuned, [s for row in steps for s in row])
         if B == 1:
             records[0]["stats"]["auto"] = stats["auto"]
     if out and B > 1:

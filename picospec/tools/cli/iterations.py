@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from picospec.autoregressive import autoregressive_start, autoregressive_step
+from picospec.autoregressive import DecodeState, autoregressive_start, autoregressive_step
 from picospec.beyond.batch import (
     batch_drafting,
     batch_start,
@@ -16,7 +16,6 @@ from picospec.beyond.batch import (
     over_rows,
     unfinished,
 )
-from picospec.beyond.loop import target_alone
 from picospec.fastpath import branch_on_cpu
 from picospec.tools.cli.steps import trace_row
 
@@ -41,32 +40,35 @@ def as_batch(state, report):  # the host reads [B] arrays, a lone row's as a bat
     return report if state.n.ndim else jax.tree_util.tree_map(lambda x: x[None], report)
 
 
-def speculative_iteration(draft, target, state, n_end, sampling, K, eos_id, verify, step):
+def speculative_iteration(draft, target, state, n_end, sampling, idle, K, eos_id, verify, step):
     """Every unfinished row's iteration while the draft drafts; returns the state, and the one read the
-    host makes: which rows ran, which still run, the trace row each wrote (all [B]), and whether the
-    draft still drafts (once it stopped for good, the host runs `target_alone_iteration` instead)."""
+    host makes: which rows ran, which still run, the trace row each wrote (all [B]). An iteration where no
+    row ran and some still run is one after the draft stopped for good: the host then runs the target's own
+    program (`as_decode`) instead. idle: an earlier iteration of this dispatch stepped no row, so none will
+    (on the CPU the policy is not asked again: whether it stopped, a look's worth, is ~1 ms on the bundled pair)."""
     draft = in_batch(draft)
-    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), draft, state, n_end,
-                          batch_drafting(draft, state))
+    going = branch_on_cpu(lambda: jax.lax.cond(idle, lambda: jnp.array(False), lambda: batch_drafting(draft, state)),
+                          lambda: ~idle & batch_drafting(draft, state))
+    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_end, going)
 
 
-def target_alone_iteration(draft, target, state, n_end, sampling, K, eos_id):
-    """speculative_iteration once the draft has stopped for good: the target's own steps."""
-    draft = in_batch(draft)
-    return rows_iteration(lambda row: target_alone(draft, target, row, K, sampling, eos_id), draft, state, n_end, True)
+def as_decode(state) -> DecodeState:
+    """A speculative state as the target's own (autoregressive_iteration's), for once the draft has stopped for
+    good: loop.target_alone's step is autoregressive_step, from the same key, so the tokens are the same."""
+    return DecodeState(state.tokens, state.n, state.target_cache, state.key, state.done)
 
 
-def rows_iteration(one_row, draft, state, n_end, going):
+def rows_iteration(one_row, state, n_end, going):
     active = unfinished(state, n_end) & going  # [B]
     state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
     rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
     rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
-    return state, (*as_batch(state, (active, unfinished(state, n_end), rows)), batch_drafting(draft, state))
+    return state, as_batch(state, (active, unfinished(state, n_end), rows))
 
 
-def autoregressive_iteration(model, state, n_end, sampling, eos_id):
+def autoregressive_iteration(model, state, n_end, sampling, idle, eos_id):
     """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
-    active = unfinished(state, n_end)  # [B]
+    active = unfinished(state, n_end) & ~idle  # [B]
     state = skip_when_finished(active, lambda s: batch_step(
         lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
     newest = over_rows(lambda row: row.tokens[row.n - 1], state)
@@ -76,8 +78,14 @@ def autoregressive_iteration(model, state, n_end, sampling, eos_id):
 def run_ahead(models, state, n_end, sampling, each, n: int, **options):
     """n iterations of `each` (an iteration above) in one program, their reports stacked [n, ...]: a scan
     of static length, so on an accelerator the device runs all n without waiting for the host, and
-    the host pays one dispatch and one read for them. Iterations past the last row's end do nothing."""
-    return jax.lax.scan(lambda state, _: each(*models, state, n_end, sampling, **options), state, length=n)
+    the host pays one dispatch and one read for them. Iterations past the last row's end do nothing, and
+    once one steps no row (all finished, or the draft stopped for good) every later one is told so (idle)."""
+    def one(carry, _):
+        state, idle = carry
+        state, report = each(*models, state, n_end, sampling, idle, **options)
+        return (state, idle | ~jnp.any(report[0])), report
+    (state, _), reports = jax.lax.scan(one, (state, jnp.array(False)), length=n)
+    return state, reports
 
 
 def skip_when_finished(active, step, state):

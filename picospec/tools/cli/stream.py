@@ -8,32 +8,37 @@ programs (iterations.py) are compiled ahead of time, so that compile time is mea
 runs several iterations, and one small read per dispatch comes back to the host.
 """
 
+import dataclasses
 import inspect
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from picospec.beyond.adaptive import AdaptiveDraft
 from picospec.beyond.batch import batch_buffers
+from picospec.beyond.score_first import score_sizes
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
 from picospec.tools import checks
-from picospec.tools.autotune.costs import warm
 from picospec.tools.cli import iterations as on_device
 from picospec.tools.cli.steps import Step, cut, step_from_row
 from picospec.tools.memory import check_memory, compiled_need, run_device
 from picospec.tools.programs import compiled
-from picospec.tools.samplers import as_tree, plug_in, prior_stops, stops_at_once
+from picospec.tools.samplers import as_tree, plug_in
 
 
 @dataclass
 class Timing:
-    compile_seconds: float = 0.0  # ahead-of-time compilation of prefill and step
+    compile_seconds: float = 0.0  # ahead-of-time compilation of prefill and step (and tuning --K auto)
     seconds: float = 0.0  # running them: prefill and every iteration
+    policy: object = None  # --K auto's policy, tuned
+    tuned: dict | None = None  # what it was tuned from (autotune.tune)
 
 
 def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
@@ -46,15 +51,31 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
     program = compiled(fn, args, static, donated)
     copies = sum(x.nbytes for i in donated for x in jax.tree_util.tree_leaves(args[i]))
     check_memory(compiled_need(program) + copies, B)
-    copy = partial(jax.device_put, may_alias=False)  # a buffer copy: no small program compiled per shape
-    if warm:
+    if warm:  # copy: a buffer copy, no small program compiled per shape
         jax.block_until_ready(program(*[jax.tree_util.tree_map(copy, a) if i in donated else a
                                         for i, a in enumerate(args)]))
     return program, time.perf_counter() - t0
 
 
-def asked(policy, B: int) -> jax.Array:  # samplers.prior_stops, from a saved program: a repeated run traces nothing
-    return compiled(prior_stops, (policy,), {"B": B})(policy)
+def force(draft, k: int):
+    """The AdaptiveDraft whose Policy chooses k whatever alpha is (the same program: a policy is data)."""
+    v = jnp.where(jnp.arange(draft.policy.v.shape[0]) == k, 1.0, jnp.inf).astype(jnp.float32)
+    return dataclasses.replace(draft, policy=dataclasses.replace(draft.policy, v=v))
+
+
+def warm(step, draft, target, state, n_end, sampling) -> float:
+    """Run the compiled iteration once for every block size the target may score (score_first's
+    lax.switch) on copies of the state; returns the seconds. XLA:CPU prepares each branch on its first
+    run, ~25 ms a branch on the bundled pair: start-up work, left out it lands in the first iteration
+    that drafts that many."""
+    t0 = time.perf_counter()
+    for size in score_sizes(draft.policy.v.shape[0] - 1, least=1):  # k = size - 1 >= 1 drafts
+        jax.block_until_ready(step((force(draft, size - 1), target), jax.tree_util.tree_map(copy, state), n_end,
+                                   sampling))
+    return time.perf_counter() - t0
+
+
+copy = partial(jax.device_put, may_alias=False)  # a buffer copy: the programs donate their state
 
 
 WARM_TOKENS = 4096  # a larger prefill is not run first to warm it: there it would cost more than it spares
@@ -62,11 +83,12 @@ WARM_TOKENS = 4096  # a larger prefill is not run first to warm it: there it wou
 
 def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sampling: Sampling = Sampling(),
            eos_id: int = -1, timing: Timing | None = None, verify: str = "token",
-           policy=None, drafts: int = 1, tree=None, children: str = "iid") -> Iterator[list[Step | None]]:
+           policy=None, drafts: int = 1, tree=None, children: str = "iid", tune=None) -> Iterator[list[Step | None]]:
     """Yield, every iteration, one Step per row (None for a row already finished). draft=None runs
     autoregressive sampling of the target. prompts: B token lists; keys: [B] (row b samples as the
     single-prompt call with keys[b] would). policy: a policy.Policy (K is then K_max); drafts: N
-    chains a call (several.py); tree, children: a tree.Shape of K nodes and how they are chosen (tree.py)."""
+    chains a call (several.py); tree, children: a tree.Shape of K nodes and how they are chosen (tree.py);
+    tune: autotune.tune, which fills in the policy from the compiled iterations (--K auto)."""
     timing, pair = timing or Timing(), (draft, target)
     if draft is not None:
         checks.pair(draft, target, K, verify, drafts, policy is not None)
@@ -74,9 +96,6 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     if draft is not None:
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
-    alone = draft is not None and stops_at_once(draft, len(prompts), asked)  # the target's steps from the first: its
-    if alone:  # own program and buffers (samplers.stops_at_once), shown as the steps the loop would record
-        draft = None
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = n_prompt + n_tokens if len(prompts) > 1 else n_prompt[0] + n_tokens  # [B], a lone row's []
@@ -93,14 +112,30 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
-    n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), run_device().platform)
+    platform = run_device().platform
+    n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), platform)
 
-    def program(iteration, options):  # n iterations a dispatch, compiled: (it, seconds)
+    def program(models, state, iteration, options, n=n):  # n iterations a dispatch, compiled: (it, seconds)
         return compile_now(on_device.run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
                            each=iteration, n=n, **options)
-    step, s2 = program(iteration, options)
-    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
-        s2 += warm(lambda draft, target, *rest: step((draft, target), *rest), *models, state, n_end, sampling)
+
+    def alone_program():  # the target's own steps, once the draft has stopped for good (k = 0)
+        return program((target,), on_device.as_decode(state), on_device.autoregressive_iteration,
+                       dict(eos_id=eos_id), n=on_device.run_ahead_for(on_device.weights_read((target,), 0), platform))
+    if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
+        alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
+    step, s2 = program(models, state, iteration, options)
+    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto and tune is None:  # each block size auto may
+        s2 += warm(step, *models, state, n_end, sampling)  # score, prepared (tune does it for --K auto)
+    if tune is not None:  # time the compiled iterations, and start again with the policy they tune
+        t0, (alone, _) = time.perf_counter(), alone_compiled.result()
+        alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
+        draft, timing.tuned = tune(step, alone_step, models, init, tokens, n_prompt, keys, n_end, sampling)
+        models, timing.policy = (draft, target), draft.policy
+        s2 += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
+        prefill_seconds = time.perf_counter() - t0
     timing.compile_seconds += s1 + s2
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
@@ -111,26 +146,28 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         ahead = (n_tokens - produced).max() > most
         if ahead:
             state, next_report = step(models, state, n_end, sampling)
-        ran, running, rows, *drafting = jax.device_get(report)  # [n, B] each; rows: a Trace of [n, B] fields
+        drafting = iteration is on_device.speculative_iteration
+        ran, running, rows = jax.device_get(report)  # [n, B] each; rows: a Trace of [n, B] fields, or tokens
         for i in np.flatnonzero(ran.any(-1)):
-            if draft is not None and not rows.finite[i].all():  # nothing sampled from a model that overflowed
+            if drafting and not rows.finite[i].all():  # nothing sampled from a model that overflowed
                 checks.finite(jax.tree_util.tree_map(lambda x: x[i], rows), *pair)  # is shown: this raises
             seconds = time.perf_counter() - t_start
             steps = [None] * len(prompts)
             for b in np.flatnonzero(ran[i]):
                 row = jax.tree_util.tree_map(lambda x: x[i, b], rows)
-                steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if draft is not None
-                            else Step(cut([int(row)], n_tokens - produced[b], eos_id), proposed=not alone))
+                steps[b] = (step_from_row(row, n_tokens - produced[b], eos_id) if drafting
+                            else Step(cut([int(row)], n_tokens - produced[b], eos_id), proposed=draft is None))
                 steps[b].finished, steps[b].seconds = not running[i, b], seconds
                 produced[b] += len(steps[b].tokens)
             yield steps
         if not running[-1].any():
             break
-        if drafting and not drafting[0][-1] and iteration is on_device.speculative_iteration:  # stopped for good
-            iteration, options = on_device.target_alone_iteration, dict(K=K, eos_id=eos_id)
-            step, spent = program(iteration, options)  # from the next dispatch on (any ahead drafts none)
-            timing.compile_seconds, t_start = timing.compile_seconds + spent, t_start + spent
-        if not ahead:
+        if drafting and not ran[-1].any():  # the draft stopped for good (no row stepped): the target's own program
+            (step, spent), models, state = alone_program(), (target,), on_device.as_decode(state)  # from here on
+            timing.compile_seconds, t_start, most = timing.compile_seconds + spent, t_start + spent, 1
+            iteration = on_device.autoregressive_iteration
+            state, next_report = step(models, state, n_end, sampling)  # (a dispatch ahead stepped no row)
+        elif not ahead:
             state, next_report = step(models, state, n_end, sampling)
         report = next_report
     timing.seconds += seconds

@@ -1,0 +1,85 @@
+"""`--K auto`'s costs and prior, read off the run's own compiled programs: laps of iterations, k forced.
+
+The CLI compiles the iterations it will run before it runs them (cli/stream.py). Auto times those very
+programs, so nothing else is compiled and what is timed is what runs, streaming included: a lap is one
+dispatch (n iterations) from a copy of a state, the policy forced to draft k (a policy is data: the same
+program), and for k = 0 the program the loop runs once the draft has stopped, the target alone.
+Every k of cost_model.worth_timing laps in turn, round after round, so that a slow spell slows them
+alike. Each k's fastest lap is kept (a busy machine only ever makes a lap slower), and over k = 0's
+fastest: v(k) in units of the target's own iteration. Only these ratios are weighed (a machine twice as
+slow today decides alike), given the shape an iteration's time has (cost_model.py), raised by their own
+spread (the standard error of the rounds' ratios: drafting must win by more than the timing can tell),
+and rounded to 1/STEPS, so that timing again on the same machine gives the same numbers (and the same k
+for the same command) unless a ratio lies within its noise of a step's edge.
+
+The laps start from each prompt's first token with keys of their own: text the target writes itself,
+as the loop's drafts follow it, but not the text this run will write. Their drafts' chance of
+acceptance (beta) after the first iteration is the prior the run starts from, worth PRIOR drafts at most.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from picospec.beyond.policy import ALIKE
+from picospec.tools.autotune.cost_model import never_less, per_block, worth_timing
+from picospec.tools.cli.stream import copy, force
+
+SECONDS = 1.5  # the laps run at least MIN_ROUNDS rounds and then until this long has passed
+MIN_ROUNDS, MAX_ROUNDS = 4, 12
+STEPS = 32  # costs are rounded to 1/32 of the target's own iteration
+PRIOR = ALIKE  # judged drafts the laps' evidence counts for at most: text of the same two models, not this one's
+
+def lap(step, alone, draft, target, state, n_end, sampling, k: int):
+    """(seconds per iteration that ran, the report) of one dispatch drafting k from a copy of state."""
+    state, forced = jax.block_until_ready((jax.tree_util.tree_map(copy, state), force(draft, k)))
+    t0 = time.perf_counter()
+    _, report = (step if k else alone)((forced, target), state, n_end, sampling)
+    report = jax.device_get(report)  # the host's one read, as the stream makes it
+    return (time.perf_counter() - t0) / max(int(report[0].any(-1).sum()), 1), report
+
+
+def costs(step, alone, draft, target, state, n_end, sampling) -> dict:
+    """{"v": [K_max + 1] iteration costs in units of k = 0's, "spread": what was added to each k >= 1,
+    "prefill": the draft's prefill in those units, "ms": k = 0's fastest lap, milliseconds an iteration}."""
+    K = draft.policy.v.shape[0] - 1
+    ks = worth_timing(K)
+    for k in ks:  # a first lap of each, not counted: a program's first run (a branch's) prepares it
+        lap(step, alone, draft, target, state, n_end, sampling, k)
+    rounds, t0 = [], time.perf_counter()
+    while len(rounds) < MAX_ROUNDS and (len(rounds) < MIN_ROUNDS or time.perf_counter() - t0 < SECONDS):
+        order = ks if len(rounds) % 2 == 0 else ks[::-1]  # a place in the round tells on a time: alternate
+        rounds.append({k: lap(step, alone, draft, target, state, n_end, sampling, k)[0] for k in order})
+    def ratios(rounds):  # [K_max + 1]: each k's fastest lap over k = 0's, NaN for a k left to the fit
+        fastest = {k: min(r[k] for r in rounds) for k in ks}
+        return np.array([fastest[k] / fastest[0] if k in ks else np.nan for k in range(K + 1)])
+    halves = ratios(rounds[0::2]), ratios(rounds[1::2])  # how far the estimate moves with half the rounds
+    spread = float(np.nanmedian(np.abs(halves[0] - halves[1])[1:])) / np.sqrt(2)  # ... and so with all of them
+    fastest = {k: min(r[k] for r in rounds) for k in ks}
+    ratios = ratios(rounds).tolist()
+    v = never_less(per_block(ratios))
+    v = [1.0] + [x + spread for x in v[1:]]
+    rounded = [float(np.ceil(x * STEPS - 1e-6) / STEPS) for x in v]  # drafting's costs rounded up, never down
+    return {"v": rounded, "spread": round(spread, 4), "prefill": rounded[1] - 1.0,  # about one draft call
+            "ms": round(1e3 * fastest[0], 4), "rounds": len(rounds)}
+
+
+def evidence(report) -> tuple[float, float]:
+    """(successes, failures), a row's share, from a lap's report: every judged draft's beta (those up to
+    and with the first rejection), after each row's first iteration (a one-token context, where both
+    models know least), capped at PRIOR drafts."""
+    ran, _, rows, *_ = report  # [n, B] each
+    K = rows.beta.shape[-1]
+    judged = (np.arange(K) <= rows.n_accepted[..., None]) & (np.arange(K) < rows.k[..., None])  # [n, B, K]
+    judged &= ran[..., None] & (np.arange(len(ran)) > 0)[:, None, None]
+    s, f = float((judged * rows.beta).sum()), float((judged * (1 - rows.beta)).sum())
+    s, f = s / ran.shape[1], f / ran.shape[1]
+    scale = min(1.0, PRIOR / max(s + f, 1e-9))
+    return s * scale, f * scale
+
+
+def at_first_tokens(tokens, n_prompt, keys):
+    """The laps' start: each row's prompt cut to its first token, its key folded anew."""
+    return tokens, jnp.ones_like(n_prompt), jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)
