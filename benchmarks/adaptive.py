@@ -7,10 +7,12 @@
 Each contender generates n tokens after each prompt with a few keys (speculative_sample's compiled
 loop); each run keeps its fastest of `rounds` rounds, and in every round each run is taken by all
 the contenders in turn, in a shuffled order, so a slow spell of the shared machine hits them alike. auto compiles for
-K_max = 7 (the CLI's) and reads its iteration times from tools/autotune/costs.py.
+K_max = 7 (the CLI's) with the policy the CLI tunes for the first prompt (tools/autotune/: laps of its own
+programs, kept).
 """
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -18,12 +20,11 @@ import numpy as np
 from bench_report import cpu_name
 
 import picospec
-from picospec.autoregressive import buffers
 from picospec.beyond import theory
 from picospec.fastpath import fast
 from picospec.gpt2 import GPT2Config, Model, init_params
 from picospec.sampling import Sampling
-from picospec.tools.autotune.costs import auto_policy
+from picospec.tools.autotune import policy_for
 from picospec.tools.cli.options import AUTO_K_MAX
 
 PROMPTS = ["And God said", "In the beginning", "And the LORD spake unto Moses, saying", "Blessed are"]
@@ -66,7 +67,6 @@ def main(argv=None):
         prompts = [picospec.load_tokenizer("tiny-target").encode(t).ids for t in PROMPTS]
     else:
         draft, target, prompts = gpt2_shaped()
-    capacity = max(buffers(p, args.n_tokens, AUTO_K_MAX, target.config)[2] for p in prompts)  # auto's runs
     rounds = "" if args.positions else f"; each run's best of {args.rounds} rounds"
     print(f"Machine: {cpu_name()}; jax {jax.__version__}; {args.pair} pair; {args.n_tokens} tokens after "
           f"{len(prompts)} prompts x {args.keys} keys{rounds}\n")
@@ -80,12 +80,11 @@ def main(argv=None):
         return
     print("| T | contender | tokens/s | tokens per call | drafts per call | vs best fixed K |\n|---|---|---|---|---|---|")
     for T in [float(t) for t in args.temperatures.split(",")]:
-        auto = auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T))
-        print(f"<!-- T = {T}: iteration ms for k = 1..{AUTO_K_MAX}: {', '.join(f'{v:.2f}' for v in np.asarray(auto.v))} -->")
+        auto = policy_for(draft, target, [runs[0][0]], args.n_tokens, Sampling(T))
+        print(f"<!-- T = {T}: iteration costs for k = 0..{AUTO_K_MAX}: {', '.join(f'{v:.2f}' for v in np.asarray(auto.v))} -->")
         contenders = {f"K={K}": dict(K=K) for K in FIXED}
         contenders |= {"auto": dict(K=AUTO_K_MAX, policy=auto),
-                       "auto, confidence 0.2": dict(K=AUTO_K_MAX, policy=auto_policy(draft, target, AUTO_K_MAX, capacity,
-                                                                                      Sampling(T), 0.2))}
+                       "auto, confidence 0.2": dict(K=AUTO_K_MAX, policy=dataclasses.replace(auto, threshold=0.2))}
 
         def run(kw, prompt, key):
             t0 = time.perf_counter()

@@ -91,13 +91,15 @@ def main(argv=None):
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ks", default="1,2,3,4,5,6,7", help="the fixed K raced")
+    parser.add_argument("--draft", default="tiny-draft", help="the draft (tiny-head: the EAGLE head)")
     parser.add_argument("--json", default="held_out.json")
     parser.add_argument("--best-from", help="a tune-half run's JSON: each row's best fixed K there")
     args = parser.parse_args(argv)
     args.ks = [int(K) for K in args.ks.split(",")]
+    PAIR[1] = args.draft
     tuned = {(r["B"], r["T"]): r["best"] for r in json.loads(Path(args.best_from).read_text())} \
         if args.best_from else {}
-    print(f"Machine: {cpu_name()}; bundled pair; the {args.half} half; {args.n_tokens} tokens a row; "
+    print(f"Machine: {cpu_name()}; {args.draft} drafting for tiny-target; the {args.half} half; {args.n_tokens} tokens a row; "
           f"median of {args.rounds} interleaved rounds\n")
     print("| B | T | autoregressive tok/s | auto / autoregressive | best fixed K | auto / best fixed K | "
           "K best on the tune half: auto / it | autoregressive / itself | auto's mean k, each round |\n"

@@ -13,15 +13,14 @@ the one auto trails most by the median of the first half of the rounds' ratios, 
 the other half: chosen and measured on the same rounds, the best of seven noisy contenders looks faster
 than it is (the winner's curse). Autoregressive decoding runs twice a round, as two contenders: their
 ratio is the noise floor of the row. auto compiles for K_max = 7 (the
-CLI's) and weighs the iteration times tools/autotune/costs.py measures for this B (k = 0 included: the
-target alone), from each set's prompts' prior, knowing the n tokens each row makes. Printed: one markdown
+CLI's) with the policy the CLI tunes for each set (tools/autotune/: laps of its own programs for this B,
+kept, and their drafts' acceptance as the prior), knowing the n tokens each row makes. Printed: one markdown
 row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto (each its fastest
 round of the second half), and auto's ratios to them: of the fastest rounds, and the median of the rounds'
 ratios (both contenders in one round meet the same spell of a noisy machine).
 """
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -31,10 +30,8 @@ import numpy as np
 from bench_report import cpu_name
 
 import picospec
-from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
-from picospec.tools.autotune import prompt_prior
-from picospec.tools.autotune.costs import auto_policy
+from picospec.tools.autotune import policy_for
 from picospec.tools.checkpoints.weights import BUNDLED_DIR
 from picospec.tools.cli.options import AUTO_K_MAX
 
@@ -80,10 +77,7 @@ def main(argv=None):
         for B in [int(b) for b in args.batches.split(",")]:
             n_sets = max(-(-args.texts // B), args.sets)
             sets = [(prompts_for(B, B * i), jax.random.split(jax.random.key(i), B)) for i in range(n_sets)]
-            capacity = max(batch_buffers(prompts, n, AUTO_K_MAX, target.config)[3] for prompts, _ in sets)
-            auto = dataclasses.replace(auto_policy(draft, target, AUTO_K_MAX, capacity, Sampling(T), B=B), horizon=n)
-            autos = [prompt_prior(auto, draft, target, prompts, Sampling(T)) for prompts, _ in sets]  # as the CLI:
-            # this machine's costs for B rows, the tokens each row makes, and each set's prompts' beta as its prior
+            autos = [policy_for(draft, target, prompts, n, Sampling(T), keys) for prompts, keys in sets]  # as the CLI
 
             def spec(policies=None, **kw):
                 return lambda: [picospec.speculative_sample_batch(draft, target, prompts, n, keys, temperature=T,
@@ -115,7 +109,7 @@ def main(argv=None):
             print(f"| {T} | {B} | {speed['ar']:.0f} | {top}: {speed[top]:.0f} | {speed['auto']:.0f} | "
                   f"{speed['auto'] / speed['ar']:.2f} ({over('ar'):.2f}) | "
                   f"{speed['auto'] / speed[top]:.2f} ({over(top):.2f}) | {k.mean():.2f} "
-                  f"(v ms: {', '.join(f'{x:.2f}' for x in np.asarray(auto.v))}) | "
+                  f"(costs: {', '.join(f'{x:.2f}' for x in np.asarray(autos[0].v))}) | "
                   f"{speed['ar again'] / speed['ar']:.2f} ({floor:.2f}) |", flush=True)
             jax.clear_caches()  # ten batch sizes' programs would exhaust the process's memory maps
 

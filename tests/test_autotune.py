@@ -53,12 +53,14 @@ def test_timed_costs_take_the_shape_of_an_iteration():
 
 
 def fake_laps(monkeypatch, seconds):
-    """laps.lap replaced: seconds(k, call) is what the call-th lap of k takes."""
-    calls = {}
+    """laps.lap replaced: seconds(k, r) is what a lap of k takes in round r (0: the first laps, not counted;
+    a round laps k = 0, every other timed k, and k = 0 again)."""
+    calls, per_round = {}, len(cost_model.worth_timing(7)) + 1
 
     def lap(step, alone, draft, target, state, n_end, sampling, k):
+        r = sum(calls.values()) // per_round
         calls[k] = calls.get(k, 0) + 1
-        return seconds(k, calls[k] - 1), None
+        return seconds(k, r), None
     monkeypatch.setattr(laps, "lap", lap)
     monkeypatch.setattr(laps, "SECONDS", 0.0)  # the fewest rounds
     return calls
@@ -73,13 +75,13 @@ def test_costs_are_the_fastest_laps_over_the_target_alone_whatever_slows_them(mo
     of each k prepares it and is not counted; each k >= 1 raised by the rounds' spread, none here."""
     slowdown = [1.0, 2.5, 1.0, 1.3]  # a round's machine speed, every lap of it alike
     shaped = iteration_shaped(0.3)
-    seconds = lambda k, i: 1e-3 * shaped[k] * (9.0 if i == 0 else slowdown[i - 1] * (3 if (k, i) == (7, 2) else 1))  # noqa: E731
+    seconds = lambda k, r: 1e-3 * shaped[k] * (9.0 if r == 0 else slowdown[r - 1] * (3 if (k, r) == (7, 2) else 1))  # noqa: E731
     calls = fake_laps(monkeypatch, seconds)
     found = laps.costs(None, None, DRAFT7, None, None, None, None)
-    assert calls == {k: 1 + laps.MIN_ROUNDS for k in cost_model.worth_timing(7)}
+    assert calls == {k: (2 + 2 * laps.MIN_ROUNDS) if k == 0 else 1 + laps.MIN_ROUNDS for k in cost_model.worth_timing(7)}
     assert found["v"] == [np.ceil(x * 32 - 1e-6) / 32 for x in shaped] and found["spread"] == 0
     assert found["ms"] == pytest.approx(1.0) and found["rounds"] == laps.MIN_ROUNDS
-    means = {k: np.mean([seconds(k, i) for i in range(1, 5)]) for k in (0, 7)}
+    means = {k: np.mean([seconds(k, r) for r in range(1, 5)]) for k in (0, 7)}
     assert abs(means[7] / means[0] - shaped[7]) > 0.2  # the control
 
 
@@ -88,7 +90,7 @@ def test_ratios_that_move_between_rounds_raise_drafting_by_their_spread(monkeypa
     the target's step (the even rounds' fastest laps against the odd rounds' 0.2 apart) add 0.2 / sqrt(2)
     to every k >= 1, never to k = 0."""
     shaped, wobble = iteration_shaped(0.3), [0.1, -0.1, 0.1, -0.1]
-    fake_laps(monkeypatch, lambda k, i: 1e-3 * (shaped[k] + (wobble[i - 1] if k and i else 0.0)))
+    fake_laps(monkeypatch, lambda k, r: 1e-3 * (shaped[k] + (wobble[r - 1] if k and r else 0.0)))
     found = laps.costs(None, None, DRAFT7, None, None, None, None)
     spread = 0.2 / np.sqrt(2)
     assert found["spread"] == pytest.approx(spread, abs=1e-4) and found["v"][0] == 1.0

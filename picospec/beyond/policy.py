@@ -3,7 +3,7 @@
 
 Before drafting, pick the k in 0..K that maximizes the expected tokens per unit of time,
 E[1 + alpha + ... + alpha^k] / (k c + v(k)) (theory.walltime_improvement), with the costs measured on
-this machine (tools/autotune/costs.py) and the expectation taken over what the iterations so far say of
+this machine (tools/autotune/) and the expectation taken over what the iterations so far say of
 alpha (a Beta posterior over each judged draft's chance of acceptance, `evidence`: few iterations, a
 wide one, which favours drafting more than its mean alone would); given the tokens each row makes,
 per unit of time to finish them (a longer draft overshoots the end further, and a batch waits for
@@ -38,8 +38,8 @@ ALIKE = 32  # judged drafts the other rows of a batch count for in a row's evide
                                                          "horizon", "prefill"], meta_fields=["auto"])
 @dataclass(frozen=True)
 class Policy:
-    # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/autotune/costs.py
-    # times whole iterations in place, so it gives c = 0 and v(k) = an iteration's time.
+    # An iteration that drafts k costs k c + v(k) in any unit (theory.py's c and v(K)); tools/autotune/ times
+    # whole iterations in place, so it gives c = 0 and v(k) = an iteration's time over the target's own step.
     c: jax.Array  # float32 []
     v: jax.Array  # float32 [K+1], for k = 0..K (k = 0: the target alone; inf: never choose it)
     threshold: jax.Array  # float32 []: stop after a draft token of probability below it (0: never)

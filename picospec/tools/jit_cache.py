@@ -4,7 +4,7 @@ Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT
 the compiled programs depend only on the shapes, dtypes and static options, not on the prompt. So the
 CLI and the benchmark keep them on disk, and a second run of the same command loads them instead
 (programs.py keeps the exported programs in programs/ there, so that a second run does not trace either,
-and costs.py the iteration times `--K auto` weighs, in costs.json: `remembered`).
+and autotune/ the iteration costs `--K auto` weighs, in costs.json: `remembered`).
 
 The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit).
 PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB:

@@ -18,6 +18,7 @@ acceptance (beta) after the first iteration is the prior the run starts from, wo
 """
 
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -44,26 +45,28 @@ def lap(step, alone, draft, target, state, n_end, sampling, k: int):
 def costs(step, alone, draft, target, state, n_end, sampling) -> dict:
     """{"v": [K_max + 1] iteration costs in units of k = 0's, "spread": what was added to each k >= 1,
     "prefill": the draft's prefill in those units, "ms": k = 0's fastest lap, milliseconds an iteration}."""
-    K = draft.policy.v.shape[0] - 1
+    K, timed = draft.policy.v.shape[0] - 1, partial(lap, step, alone, draft, target, state, n_end, sampling)
     ks = worth_timing(K)
-    for k in ks:  # a first lap of each, not counted: a program's first run (a branch's) prepares it
-        lap(step, alone, draft, target, state, n_end, sampling, k)
+    for k in ks + [0]:  # first laps, not counted: a program's first runs (a branch's) prepare it
+        timed(k)
     rounds, t0 = [], time.perf_counter()
     while len(rounds) < MAX_ROUNDS and (len(rounds) < MIN_ROUNDS or time.perf_counter() - t0 < SECONDS):
-        order = ks if len(rounds) % 2 == 0 else ks[::-1]  # a place in the round tells on a time: alternate
-        rounds.append({k: lap(step, alone, draft, target, state, n_end, sampling, k)[0] for k in order})
-    def ratios(rounds):  # [K_max + 1]: each k's fastest lap over k = 0's, NaN for a k left to the fit
-        fastest = {k: min(r[k] for r in rounds) for k in ks}
-        return np.array([fastest[k] / fastest[0] if k in ks else np.nan for k in range(K + 1)])
-    halves = ratios(rounds[0::2]), ratios(rounds[1::2])  # how far the estimate moves with half the rounds
-    spread = float(np.nanmedian(np.abs(halves[0] - halves[1])[1:])) / np.sqrt(2)  # ... and so with all of them
+        order = ks[1:] if len(rounds) % 2 == 0 else ks[:0:-1]  # a place in the round tells on a time: alternate
+        first = timed(0)[0]  # k = 0 at both ends of the round: its laps are the shortest, and so the noisiest
+        rounds.append({k: timed(k)[0] for k in order} | {0: min(first, timed(0)[0])})
     fastest = {k: min(r[k] for r in rounds) for k in ks}
-    ratios = ratios(rounds).tolist()
-    v = never_less(per_block(ratios))
-    v = [1.0] + [x + spread for x in v[1:]]
-    rounded = [float(np.ceil(x * STEPS - 1e-6) / STEPS) for x in v]  # drafting's costs rounded up, never down
+    halves = ratios(rounds[0::2], ks, K), ratios(rounds[1::2], ks, K)  # how far the estimate moves with half the
+    spread = float(np.nanmedian(np.abs(halves[0] - halves[1])[1:])) / np.sqrt(2)  # rounds, and so with all of them
+    v = never_less(per_block(ratios(rounds, ks, K).tolist()))
+    rounded = [1.0] + [float(np.ceil((x + spread) * STEPS - 1e-6) / STEPS) for x in v[1:]]  # up, never down
     return {"v": rounded, "spread": round(spread, 4), "prefill": rounded[1] - 1.0,  # about one draft call
             "ms": round(1e3 * fastest[0], 4), "rounds": len(rounds)}
+
+
+def ratios(rounds, ks, K: int) -> np.ndarray:
+    """[K + 1]: each timed k's fastest lap over k = 0's, NaN for a k left to the fit."""
+    fastest = {k: min(r[k] for r in rounds) for k in ks}
+    return np.array([fastest[k] / fastest[0] if k in ks else np.nan for k in range(K + 1)])
 
 
 def evidence(report) -> tuple[float, float]:
