@@ -119,9 +119,11 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         return compile_now(on_device.run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
                            each=iteration, n=n, **options)
 
+    n_alone = on_device.run_ahead_for(on_device.weights_read((target,), 0), platform)
+
     def alone_program():  # the target's own steps, once the draft has stopped for good (k = 0)
         return program((target,), on_device.as_decode(state), on_device.autoregressive_iteration,
-                       dict(eos_id=eos_id), n=on_device.run_ahead_for(on_device.weights_read((target,), 0), platform))
+                       dict(eos_id=eos_id), n=n_alone)
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
         alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
     step, s2 = program(models, state, iteration, options)
@@ -164,7 +166,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
             break
         if drafting and not ran[-1].any():  # the draft stopped for good (no row stepped): the target's own program
             (step, spent), models, state = alone_program(), (target,), on_device.as_decode(state)  # from here on
-            timing.compile_seconds, t_start, most = timing.compile_seconds + spent, t_start + spent, 1
+            timing.compile_seconds, t_start, most = timing.compile_seconds + spent, t_start + spent, n_alone
             iteration = on_device.autoregressive_iteration
             state, next_report = step(models, state, n_end, sampling)  # (a dispatch ahead stepped no row)
         elif not ahead:
