@@ -22,7 +22,7 @@ from picospec.beyond.tree import TreeDraft, branches, chain
 from picospec.beyond.tree_verify import tree_step, verify_tree
 from picospec.beyond.verifiers import RULES
 from picospec.gpt2 import Model
-from picospec.tools import checks
+from picospec.tools import checks, draft_checks
 from picospec.tools.memory import check_memory, memory_per_row
 from picospec.tools.sharding import place
 
@@ -87,8 +87,8 @@ def speculative_sample(draft, target: Model, prompt_tokens, n_tokens: int, key, 
       trace: Trace of every iteration (the last one may run past n_tokens; tokens are cut there).
     """
     sampling = checks.sampling(temperature, top_k, top_p)
-    K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None, checks.confident(policy))
+    K = draft_checks.tree(tree, children, draft, target, verify, drafts, policy) or K
+    draft_checks.pair(draft, target, K, verify, drafts, policy is not None, draft_checks.confident(policy))
     K, tree = as_tree(K, drafts, tree)
     checks.prompt(prompt_tokens, n_tokens, K, target.config)
     checks.eos(target, stop_at_eos)
@@ -126,8 +126,8 @@ def speculative_sample_batch(draft, target: Model, prompts, n_tokens: int, keys,
     mesh: a jax.sharding.Mesh (picospec.tools.sharding.make_mesh) to split the rows, and the target's
     weights, across devices."""
     sampling = checks.sampling(temperature, top_k, top_p)
-    K = checks.tree(tree, children, draft, target, verify, drafts, policy) or K
-    checks.pair(draft, target, K, verify, drafts, policy is not None, checks.confident(policy))
+    K = draft_checks.tree(tree, children, draft, target, verify, drafts, policy) or K
+    draft_checks.pair(draft, target, K, verify, drafts, policy is not None, draft_checks.confident(policy))
     K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, K, target.config)
     eos_id = checks.eos(target, stop_at_eos)

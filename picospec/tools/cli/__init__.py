@@ -18,7 +18,7 @@ from picospec.beyond.dynamic import Grown
 from picospec.beyond.ngram import NGramDraft
 from picospec.errors import NonFiniteLogits, PicospecError
 from picospec.fastpath import default_dtype
-from picospec.tools import autotune, checks
+from picospec.tools import autotune, checks, draft_checks
 from picospec.tools.checkpoints.head import is_head, load_head
 from picospec.tools.checkpoints.weights import (
     check_tokenizer,
@@ -52,7 +52,7 @@ def load(args):
     if draft_is_model:
         checkpoint_file(args.draft, "config.json")
     if uses_draft and args.draft == "ngram":
-        checks.ngram_max(args.ngram_max)
+        draft_checks.ngram_max(args.ngram_max)
     ngram = NGramDraft(args.ngram_max) if uses_draft and args.draft == "ngram" else None
     target = load_model(args.target, args.dtype)
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
@@ -62,8 +62,8 @@ def load(args):
         draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
-        checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)
-        checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K, args.confidence > 0)
+        draft_checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)
+        draft_checks.pair(draft, target, K_max(args), args.verify, args.drafts, adaptive_K, args.confidence > 0)
     return tokenizer, draft, target
 
 

@@ -25,7 +25,7 @@ from picospec.beyond.batch import batch_buffers
 from picospec.beyond.score_first import score_sizes
 from picospec.gpt2 import Model
 from picospec.sampling import Sampling
-from picospec.tools import checks
+from picospec.tools import checks, draft_checks
 from picospec.tools.cli import iterations as on_device
 from picospec.tools.cli.steps import Step, cut, step_from_row
 from picospec.tools.memory import check_memory, compiled_need, run_device
@@ -91,7 +91,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     tune: autotune.tune, which fills in the policy from the compiled iterations (--K auto)."""
     timing, pair = timing or Timing(), (draft, target)
     if draft is not None:
-        checks.pair(draft, target, K, verify, drafts, policy is not None)
+        draft_checks.pair(draft, target, K, verify, drafts, policy is not None)
         K, tree = as_tree(K, drafts, tree)
     checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     if draft is not None:
