@@ -8,9 +8,9 @@ Every k of cost_model.worth_timing laps in turn, round after round, so that a sl
 alike. Each k's fastest lap is kept (a busy machine only ever makes a lap slower), and over k = 0's
 fastest: v(k) in units of the target's own iteration. Only these ratios are weighed (a machine twice as
 slow today decides alike), given the shape an iteration's time has (cost_model.py), raised by their own
-spread (the standard error of the rounds' ratios: drafting must win by more than the timing can tell),
-and rounded to 1/STEPS, so that timing again on the same machine gives the same numbers (and the same k
-for the same command) unless a ratio lies within its noise of a step's edge.
+spread (how far half the rounds move them: drafting must win by more than the timing can tell), rounded
+up to 1/STEPS and kept, so that the same command on the same machine drafts the same k. Timed anew, in
+another process, they may move by more than that spread: a busy 2-core machine's process states differ.
 
 The laps start from each prompt's first token with keys of their own: text the target writes itself,
 as the loop's drafts follow it, but not the text this run will write. Their drafts' chance of
@@ -33,6 +33,7 @@ MIN_ROUNDS, MAX_ROUNDS = 4, 12
 STEPS = 32  # costs are rounded to 1/32 of the target's own iteration
 PRIOR = ALIKE  # judged drafts the laps' evidence counts for at most: text of the same two models, not this one's
 
+
 def lap(step, alone, draft, target, state, n_end, sampling, k: int):
     """(seconds per iteration that ran, the report) of one dispatch drafting k from a copy of state."""
     state, forced = jax.block_until_ready((jax.tree_util.tree_map(copy, state), force(draft, k)))
@@ -54,13 +55,12 @@ def costs(step, alone, draft, target, state, n_end, sampling) -> dict:
         order = ks[1:] if len(rounds) % 2 == 0 else ks[:0:-1]  # a place in the round tells on a time: alternate
         first = timed(0)[0]  # k = 0 at both ends of the round: its laps are the shortest, and so the noisiest
         rounds.append({k: timed(k)[0] for k in order} | {0: min(first, timed(0)[0])})
-    fastest = {k: min(r[k] for r in rounds) for k in ks}
     halves = ratios(rounds[0::2], ks, K), ratios(rounds[1::2], ks, K)  # how far the estimate moves with half the
     spread = float(np.nanmedian(np.abs(halves[0] - halves[1])[1:])) / np.sqrt(2)  # rounds, and so with all of them
     v = never_less(per_block(ratios(rounds, ks, K).tolist()))
     rounded = [1.0] + [float(np.ceil((x + spread) * STEPS - 1e-6) / STEPS) for x in v[1:]]  # up, never down
     return {"v": rounded, "spread": round(spread, 4), "prefill": rounded[1] - 1.0,  # about one draft call
-            "ms": round(1e3 * fastest[0], 4), "rounds": len(rounds)}
+            "ms": round(1e3 * min(r[0] for r in rounds), 4), "rounds": len(rounds)}
 
 
 def ratios(rounds, ks, K: int) -> np.ndarray:
