@@ -17,7 +17,15 @@ padded to a power of two. XLA folds the transpose back into the slow orientation
 function carries the CPU form on CPU and the plain form everywhere else (exported for "cuda" or "tpu",
 it holds no barrier and no padding). `branch_on_cpu` is the same seam for the loop's run-time branches,
 and `default_dtype` the platform's dtype when none is asked for.
+
+platform_dependent traces every form it may lower. Code that knows the one platform it compiles for
+(the CLI's programs, tools/programs.py) says so with `tracing_for`, and branch_on_cpu then traces only
+that platform's form: the bundled pair's `--K auto` iteration traces and lowers in 3.4 s instead of 5.8 s
+(a 2-core Xeon).
 """
+
+import contextlib
+import contextvars
 
 import jax
 import jax.numpy as jnp
@@ -38,11 +46,27 @@ def matmul(x, w):  # [T, in], [out, in] -> [T, out]: the CPU form on CPU, gpt2.m
     return jax.lax.platform_dependent(x, w, cpu=cpu_matmul, default=gpt2.matmul)
 
 
+TRACING_FOR = contextvars.ContextVar("TRACING_FOR", default=None)  # the one platform being traced for, if known
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str):
+    """Within: branch_on_cpu traces only the form for `platform` (jax.export's name: "cpu", "cuda"...)."""
+    token = TRACING_FOR.set(platform)
+    try:
+        yield
+    finally:
+        TRACING_FOR.reset(token)
+
+
 def branch_on_cpu(cpu, elsewhere, *args):
     """cpu(*args) on the CPU, elsewhere(*args) on GPUs and TPUs (the same result). XLA:CPU runs a branch
     whose index is computed at run time (lax.cond, lax.switch) in place; XLA:GPU copies the index to the
     host and waits, which drains its queue of kernel launches. So where a step branches to skip work, the
     accelerators' form does that work branch-free (tests/round_trips.py counts what is left)."""
+    platform = TRACING_FOR.get()
+    if platform is not None:
+        return (cpu if platform == "cpu" else elsewhere)(*args)
     return jax.lax.platform_dependent(*args, cpu=cpu, default=elsewhere)
 
 

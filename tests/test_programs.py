@@ -156,3 +156,25 @@ def test_a_program_for_a_gpu_is_exported_for_cuda(monkeypatch):
     monkeypatch.setattr(programs, "run_device", lambda: GPU())
     assert programs.exported(lambda x: x * 2, (jnp.ones(3),), {}).platforms == ("cuda",)
     assert programs.export_platform(jax.devices("cpu")[0]) == "cpu"
+
+
+def test_a_program_is_traced_in_its_platforms_form_alone(monkeypatch):
+    """programs.exported knows the one platform it lowers for, so fastpath.branch_on_cpu traces that form
+    alone (lax.platform_dependent traces both: the bundled pair's --K auto iteration took 2.4 s longer).
+    The control: a trace that does not know its platform (the library's jit) traces both."""
+    from picospec import fastpath
+    traced = []
+
+    def either(x):
+        return fastpath.branch_on_cpu(lambda x: traced.append("cpu") or x + 1,
+                                      lambda x: traced.append("elsewhere") or x + 1, x)
+    programs.exported(either, (jnp.ones(3),), {})
+    assert traced == ["cpu"]
+
+    class GPU:
+        platform, device_kind = "gpu", "NVIDIA H200"
+    monkeypatch.setattr(programs, "run_device", lambda: GPU())
+    programs.exported(either, (jnp.ones(3),), {})
+    assert traced == ["cpu", "elsewhere"]
+    jax.make_jaxpr(either)(jnp.ones(3))
+    assert sorted(traced[2:]) == ["cpu", "elsewhere"] and fastpath.TRACING_FOR.get() is None

@@ -35,6 +35,7 @@ from picospec.beyond.loop import ModelDraft, Trace
 from picospec.beyond.ngram import NGramDraft
 from picospec.beyond.policy import Policy
 from picospec.beyond.tree import Shape, TreeDraft
+from picospec.fastpath import tracing_for
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling
 from picospec.state import SpecState
@@ -151,7 +152,9 @@ def saved(name: str, fn, args: tuple, static: dict) -> export.Exported:
 
 
 def exported(fn, args: tuple, static: dict) -> export.Exported:  # traced and lowered: what a saved program skips
-    return export.export(jax.jit(partial(fn, **static)), platforms=[export_platform(run_device())])(*args)
+    platform = export_platform(run_device())
+    with tracing_for(platform):  # one platform: its form alone is traced (fastpath.py)
+        return export.export(jax.jit(partial(fn, **static)), platforms=[platform])(*args)
 
 
 def export_platform(device) -> str:
