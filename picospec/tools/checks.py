@@ -57,11 +57,9 @@ def prompts(rows, n: int, lookahead: int, config):
 
 def eos(model: Model, stop_at_eos: bool) -> int:
     """The token id to stop at, or -1 (no token) when not stopping."""
-    if not stop_at_eos:
-        return -1
-    if model.config.eos_token_id is None:
+    if stop_at_eos and model.config.eos_token_id is None:
         raise PicospecError("stop_at_eos needs the model's eos_token_id in its config.json")
-    return model.config.eos_token_id
+    return model.config.eos_token_id if stop_at_eos else -1
 
 
 def context(tokens, model: Model):
@@ -71,9 +69,9 @@ def context(tokens, model: Model):
                             f"got {len(tokens)}")
 
 
-def K(value):
+def whole_positive(name: str, value):
     if not (whole(value) and value >= 1):
-        raise PicospecError(f"K must be a whole number >= 1, got {value}")
+        raise PicospecError(f"{name} must be a whole number >= 1, got {value}")
 
 
 def confidence(value: float):

@@ -1,19 +1,18 @@
 """Compile once per machine: JAX's persistent compilation cache, in a per-user folder.
 
-Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT-2 1558M);
-the compiled programs depend only on the shapes, dtypes and static options, not on the prompt. So the
-CLI and the benchmark keep them on disk, and a second run of the same command loads them instead
-(programs.py keeps the exported programs in programs/ there, so that a second run does not trace either,
-and autotune/ the iteration costs `--K auto` weighs, in costs.json: `remembered`).
+Compiling the forward pass and the sampling loops takes seconds (10-15 s for GPT-2 1558M); the compiled programs depend
+only on the shapes, dtypes and static options, not on the prompt. So the CLI and the benchmark keep them on disk, and a
+second run of the same command loads them instead (programs.py keeps the exported programs in programs/ there, so that a
+second run does not trace either, and autotune/ the iteration costs `--K auto` weighs, in costs.json: `remembered`).
 
-The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit).
-PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB:
-the weights are arguments, not constants), and deleting the folder is always safe: it only costs a recompile.
-A JAX_COMPILATION_CACHE_DIR set by the user is left as it is.
+The folder is $PICOSPEC_JIT_CACHE if set, else $XDG_CACHE_HOME/picospec/jit (~/.cache/picospec/jit);
+PICOSPEC_JIT_CACHE=off turns it off. It keeps at most 1 GiB (the GPT-2 pair's programs take ~1 MB: the weights are
+arguments, not constants); deleting it is safe, costing only a recompile. A user's JAX_COMPILATION_CACHE_DIR wins.
 """
 
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 
 import jax
@@ -33,9 +32,7 @@ def use_persistent_cache() -> Path | None:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the user's own choice wins
         return Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     folder = cache_folder()
-    if folder is None:
-        return None
-    for name, value in settings(folder).items():
+    for name, value in (settings(folder) if folder else {}).items():
         jax.config.update(name, value)
     return folder
 
@@ -54,7 +51,10 @@ def remembered(key: str, compute) -> dict:
     path, known = kept()
     if not isinstance(known.get(key), dict):  # not timed yet (or in an older form)
         known[key] = compute()
-        write(path, known)
+        if path:  # the cache is on (a read-only folder: measure again next time)
+            with suppress(OSError):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(known, indent=1))
     return known[key]
 
 
@@ -71,15 +71,3 @@ def kept() -> tuple[Path | None, dict]:
         return path, json.loads(path.read_text()) if path and path.exists() else {}
     except (OSError, ValueError):
         return path, {}  # unreadable: time it again and write it afresh
-
-
-def write(path: Path | None, known: dict) -> bool:
-    """known written to costs.json at path; whether it was (not when the cache is off or read-only)."""
-    if path:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(known, indent=1))
-            return True
-        except OSError:
-            pass  # a read-only cache folder: measure again next time
-    return False

@@ -1,13 +1,12 @@
 """Refusing, before anything is allocated, a batch whose buffers would not fit in the device's memory.
 
-What is free is the device's own figure: its allocator's bytes_limit - bytes_in_use where the backend
-reports them (GPUs, TPUs); a CPU has no allocator figures, and its memory is the host's (MemAvailable).
-What a run needs is read off the compiled programs (`memory_analysis`: the outputs and scratch they
-allocate) where they are compiled ahead of time, as the CLI's stream does; the batch entry points,
-compiled on first call, use an estimate from the models' shapes (which a test holds against
-`memory_analysis`).
+What is free is the device's own figure: its allocator's bytes_limit - bytes_in_use where reported (GPUs, TPUs), else on
+a CPU the host's MemAvailable. What a run needs is read off the compiled programs (`memory_analysis`: the outputs and
+scratch they allocate) where compiled ahead of time, as in the CLI's stream; the batch entry points, compiled on first
+call, estimate it from the models' shapes (a test holds that against `memory_analysis`).
 """
 
+from contextlib import suppress
 from functools import lru_cache
 
 import jax
@@ -17,10 +16,9 @@ from picospec.errors import PicospecError
 
 
 def memory_per_row(models, max_len: int, T: int) -> int:
-    """Bytes one row needs while sampling: every model's KV cache (the bulk), twice (at its peak the
-    compiled loop holds the prefilled caches and the loop's own), its logits and probabilities for
-    T positions (a few copies alive at once), and what it returns: its tokens and its trace (room for
-    an iteration per slot of the sequence, more than it can run)."""
+    """Bytes one row needs sampling: every model's KV cache (the bulk), twice (at its peak the compiled loop holds the
+    prefilled caches and the loop's own), its logits and probabilities for T positions (a few copies alive at once), and
+    what it returns: its tokens and its trace (room for an iteration per slot of the sequence, more than it can run)."""
     caches = 2 * sum(2 * m.config.n_layer * max_len * m.config.n_embd * m.params["wte"]["weight"].dtype.itemsize
                  for m in models)
     return caches + 8 * T * models[-1].config.vocab_size * 4 + 4 * max_len + trace_bytes(max_len, T - 1)
@@ -39,8 +37,7 @@ def compiled_need(compiled) -> int:
 
 
 def run_device() -> jax.Device:
-    """The device programs run on: the one chosen (JAX's default device, as --platform sets it), else
-    JAX's first."""
+    """The device programs run on: the one chosen (JAX's default device, as --platform sets it), else JAX's first."""
     chosen = jax.config.jax_default_device
     return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen or jax.devices()[0]
 
@@ -53,12 +50,10 @@ def available_memory(device=None) -> int:
         return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
     if device.platform != "cpu":
         return 0
-    try:
-        for line in open("/proc/meminfo"):
+    with suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return 0
 
 
@@ -71,8 +66,7 @@ def size(n_bytes: float) -> str:
 
 
 def check_memory(need: int, B: int, available: int | None = None, device=None):
-    """Refuse B rows that need `need` bytes in all when that is more than 80% of what is free on
-    `device` (default: the one programs run on)."""
+    """Refuse B rows needing `need` bytes in all, over 80% of what is free on `device` (default: run_device())."""
     device = device or run_device()
     available = available_memory(device) if available is None else available
     if available and need > 0.8 * available:

@@ -57,17 +57,11 @@ def shard_model(model: Model, mesh: Mesh, tensor_parallel: bool = True) -> Model
 def shard_rows(arrays: tuple, mesh: Mesh) -> tuple:
     """Arrays with a leading batch axis [B, ...], split over "data". B is padded (repeating the last
     row) to a multiple of the data axis; the caller drops the padded rows' results."""
-    n_data = mesh.shape["data"]
-    B = arrays[0].shape[0]
-    pad = -B % n_data
-
-    def place(x):
-        x = jax.numpy.concatenate([x] + [x[-1:]] * pad) if pad else x
-        return jax.device_put(x, NamedSharding(mesh, P("data")))
-    return tuple(place(x) for x in arrays)
+    pad = -arrays[0].shape[0] % mesh.shape["data"]  # rows that make B a multiple of the data axis
+    split = NamedSharding(mesh, P("data"))
+    return tuple(jax.device_put(jax.numpy.concatenate([x] + [x[-1:]] * pad) if pad else x, split) for x in arrays)
 
 
 def place(mesh: Mesh, draft, target: Model, rows: tuple):
     """The draft copied to every device, the target split over "model", the rows split over "data"."""
-    draft = jax.tree_util.tree_map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), draft)
-    return draft, shard_model(target, mesh), shard_rows(rows, mesh)
+    return jax.device_put(draft, NamedSharding(mesh, P())), shard_model(target, mesh), shard_rows(rows, mesh)

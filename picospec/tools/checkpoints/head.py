@@ -36,9 +36,8 @@ def is_head(config_path: Path) -> bool:
 def save_head(head: HeadDraft, target_name: str, folder: Path, dtype=np.float16, extra: dict | None = None):
     """Write `head` (trained against head.target, called target_name) to folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = head.config
-    about = {"model_type": HEAD_TYPE, "target": target_name, "n_embd": config.n_embd, "n_head": config.n_head,
-             "vocab_size": config.vocab_size, "target_fingerprint": fingerprint(head.target)}
+    about = {"model_type": HEAD_TYPE, "target": target_name, "n_embd": head.config.n_embd, "n_head": head.config.n_head,
+             "vocab_size": head.config.vocab_size, "target_fingerprint": fingerprint(head.target)}
     (folder / "config.json").write_text(json.dumps(about | (extra or {}), indent=2) + "\n")
     save_params(head.params, folder / "model.safetensors", dtype)
 
@@ -46,21 +45,19 @@ def save_head(head: HeadDraft, target_name: str, folder: Path, dtype=np.float16,
 def load_head(name_or_path: str, target: Model) -> HeadDraft:
     """The EAGLE head `name_or_path` (tiny-head, bundled; a hub repo id or a local folder) drafting for
     `target`, in the target's dtype; a head trained against another target is refused."""
-    name = name_or_path
+    name, config = name_or_path, target.config
     raw = json.loads(checkpoint_file(name, "config.json").read_text())
     if raw.get("model_type") != HEAD_TYPE:
         raise PicospecError(f"{name} is not an EAGLE head (its config.json says model_type "
                             f"{raw.get('model_type')!r}); load a draft model with load_model")
-    config = target.config
-    if (raw.get("n_embd"), raw.get("n_head"), raw.get("vocab_size")) != (config.n_embd, config.n_head,
-                                                                          config.vocab_size):
+    if [raw.get(k) for k in ("n_embd", "n_head", "vocab_size")] != [config.n_embd, config.n_head, config.vocab_size]:
         raise PicospecError(f"{name} is an EAGLE head for a {raw.get('n_embd')}-wide target of "
                             f"{raw.get('vocab_size')} tokens ({raw.get('target')}); this target is {config.n_embd} "
                             f"wide with {config.vocab_size}: use it with {raw.get('target')}")
     if not np.allclose(fingerprint(target), raw.get("target_fingerprint", []), atol=2e-2):
         raise PicospecError(f"{name} is an EAGLE head trained against {raw.get('target')}, and this target's "
                             f"embedding is not that model's: use --target {raw.get('target')}")
-    dtype = target.params["wte"]["weight"].dtype
-    C, leaf = config.n_embd, lambda *shape: jax.ShapeDtypeStruct(shape, np.float32)  # noqa: E731
-    wanted = {"fc": {"weight": leaf(C, 2 * C), "bias": leaf(C)}, "block": expected(config)["h"][0]}
+    C, dtype = config.n_embd, target.params["wte"]["weight"].dtype
+    fc = {"weight": jax.ShapeDtypeStruct((C, 2 * C), np.float32), "bias": jax.ShapeDtypeStruct((C,), np.float32)}
+    wanted = {"fc": fc, "block": expected(config)["h"][0]}
     return HeadDraft(load_params([checkpoint_file(name, WEIGHTS)], config, dtype, wanted), config, target)

@@ -28,16 +28,16 @@ CONV1D = re.compile(r"h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\
 
 
 def load_params(paths: list[Path], config: GPT2Config, dtype, wanted: dict | None = None) -> dict:
-    """Every tensor GPT-2 needs, from one safetensors file or the shards of one checkpoint, as a params
-    pytree of `dtype`; names, dtypes and shapes checked against config.json (or the tree of
-    ShapeDtypeStructs `wanted`: an EAGLE head's)."""
+    """Every tensor GPT-2 needs, from one safetensors file or a checkpoint's shards, as a params pytree of `dtype`;
+    names, dtypes and shapes checked against config.json (or the ShapeDtypeStructs `wanted`: an EAGLE head's)."""
     where = {}  # bare tensor name -> (file, its entry)
     for path in paths:
         for key, entry in _entries(path).items():
-            if _bare(key) in where:
-                raise PicospecError(f"tensor {key} is in both {where[_bare(key)][0]} and {path}; download the "
+            name = key.removeprefix("transformer.")  # transformers' save_pretrained prefixes the hub's keys
+            if name in where:
+                raise PicospecError(f"tensor {key} is in both {where[name][0]} and {path}; download the "
                                     "checkpoint again")
-            where[_bare(key)] = (path, entry)
+            where[name] = (path, entry)
     wanted = expected(config) if wanted is None else wanted
     names = {_dotted(p) for p, _ in jax.tree_util.tree_flatten_with_path(wanted)[0]}
     if missing := sorted(names - where.keys()):
@@ -51,10 +51,10 @@ def load_params(paths: list[Path], config: GPT2Config, dtype, wanted: dict | Non
         name = _dotted(key_path)
         path, (key, file_dtype, shape, begin) = where[name]
         conv1d = CONV1D.fullmatch(name)
-        if shape != (expected.shape[::-1] if conv1d else expected.shape):  # as the file stores it
-            raise PicospecError(f"{path}: tensor {key} has shape {shape}, but config.json implies "
-                                f"{expected.shape[::-1] if conv1d else expected.shape}; pick the config.json of "
-                                "this model")
+        stored = expected.shape[::-1] if conv1d else expected.shape  # as the file stores it
+        if shape != stored:
+            raise PicospecError(f"{path}: tensor {key} has shape {shape}, but config.json implies {stored}; "
+                                "pick the config.json of this model")
         if file_dtype not in FILE_DTYPES:
             raise PicospecError(f"{path}: tensor {key} is {file_dtype}; picospec reads {', '.join(FILE_DTYPES)} "
                                 "weights: convert the checkpoint")
@@ -83,18 +83,15 @@ def expected(config: GPT2Config) -> dict:
     def leaf(*shape):
         return jax.ShapeDtypeStruct(shape, jnp.float32)
 
-    def dense(n_in, n_out):  # [out, in]
-        return {"weight": leaf(n_out, n_in), "bias": leaf(n_out)}
-
-    def norm():
-        return {"weight": leaf(C), "bias": leaf(C)}
+    def layer(*shape):  # its weight: [out, in] (a norm's: [C]); its bias: [out]
+        return {"weight": leaf(*shape), "bias": leaf(shape[0])}
 
     def block():
-        return {"ln_1": norm(), "attn": {"c_attn": dense(C, 3 * C), "c_proj": dense(C, C)},
-                "ln_2": norm(), "mlp": {"c_fc": dense(C, 4 * C), "c_proj": dense(4 * C, C)}}
+        return {"ln_1": layer(C), "attn": {"c_attn": layer(3 * C, C), "c_proj": layer(C, C)},
+                "ln_2": layer(C), "mlp": {"c_fc": layer(4 * C, C), "c_proj": layer(C, 4 * C)}}
 
     return {"wte": {"weight": leaf(config.vocab_size, C)}, "wpe": {"weight": leaf(config.n_positions, C)},
-            "h": [block() for _ in range(config.n_layer)], "ln_f": norm()}
+            "h": [block() for _ in range(config.n_layer)], "ln_f": layer(C)}
 
 
 def _entries(path: Path) -> dict:
@@ -113,11 +110,10 @@ def _entries(path: Path) -> dict:
 
 
 def _aligned_empty(shape, dtype, alignment=64):
-    """An uninitialised host array at a 64-byte boundary. It is still copied into XLA's memory
-    (device_put with may_alias=False, as jnp.asarray does, but with no small program compiled for each
-    tensor shape), yet an unaligned one peaks higher (the suite's 150 MB checkpoint in bfloat16: 1.29x
-    the weights aligned, 1.35x not). Adopting it without a copy made loading 1558M take 14 s against
-    8.6 s: the transpose writes into fresh pages, faulting each in mid-stride."""
+    """An uninitialised host array, 64-byte aligned. It is still copied into XLA's memory (device_put with
+    may_alias=False, as jnp.asarray does, but compiling no small program per tensor shape), yet an unaligned one peaks
+    higher (the suite's 150 MB checkpoint in bfloat16: 1.29x the weights aligned, 1.35x not). Adopting it without a copy
+    made loading 1558M take 14 s against 8.6 s: the transpose writes into fresh pages, faulting each in mid-stride."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
@@ -138,10 +134,6 @@ def _read_exactly(path: Path, begin: int, out: np.ndarray):
 
 def first_line(e: Exception) -> str:  # an exception's message, for a one-line error
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
-def _bare(key: str) -> str:  # transformers' save_pretrained prefixes the hub's keys
-    return key.removeprefix("transformer.")
 
 
 def _dotted(key_path) -> str:  # (DictKey('h'), SequenceKey(0), DictKey('ln_1'), ...) -> "h.0.ln_1..."

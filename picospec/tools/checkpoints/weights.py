@@ -1,8 +1,7 @@
 """Finding a checkpoint (bundled, local folder or Hugging Face hub) and loading it as a Model.
 
-A checkpoint is a folder in the Hugging Face GPT-2 layout: config.json, tokenizer.json, and
-model.safetensors or, sharded, model.safetensors.index.json and the shards it lists. Only safetensors
-is read (tensors.py); nothing is ever unpickled.
+A checkpoint is a folder in Hugging Face's GPT-2 layout: config.json, tokenizer.json, and model.safetensors or, sharded,
+model.safetensors.index.json and the shards it lists. Only safetensors is read (tensors.py); nothing is unpickled.
 """
 
 import importlib.resources
@@ -21,12 +20,8 @@ from picospec.tools.checkpoints.config import config_json, read_config
 from picospec.tools.checkpoints.tensors import first_line, load_params, save_params
 from picospec.tools.memory import run_device
 
-HUB_REPOS = {
-    "gpt2": "openai-community/gpt2", "124M": "openai-community/gpt2",
-    "gpt2-medium": "openai-community/gpt2-medium", "355M": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large", "774M": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl", "1558M": "openai-community/gpt2-xl",
-}
+SIZES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1558M"}  # OpenAI's GPT-2s
+HUB_REPOS = {name: f"openai-community/{repo}" for repo, size in SIZES.items() for name in (repo, size)}
 BUNDLED = ("tiny-draft", "tiny-target", "tiny-head")  # in weights/, shipped in the wheel as picospec.weights
 BUNDLED_DIR = Path(str(importlib.resources.files("picospec.weights")))
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -48,9 +43,8 @@ def checkpoint_file(name_or_path: str, filename: str) -> Path:
     if repo is None and re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name_or_path) and not folder.exists():
         repo = name_or_path  # an owner/name hub repo id
     if repo is None:
-        known = ", ".join([*HUB_REPOS, *BUNDLED])
-        raise PicospecError(f"no folder {name_or_path!r}, and it is not a known model ({known}) "
-                            "or a hub repo id (owner/name)")
+        raise PicospecError(f"no folder {name_or_path!r}, and it is not a known model "
+                            f"({', '.join([*HUB_REPOS, *BUNDLED])}) or a hub repo id (owner/name)")
     return _hub_file(repo, filename)
 
 
@@ -66,9 +60,8 @@ def _folder_file(folder: Path, filename: str) -> Path:
 
 
 def _hub_file(repo: str, filename: str) -> Path:
-    # hf_hub_download uses the standard cache (shared with transformers) and honours HF_HOME,
-    # HF_HUB_OFFLINE and HF_TOKEN; it shows its own progress bars. Imported here: a local or bundled
-    # checkpoint does not wait for it.
+    # hf_hub_download uses the standard cache (shared with transformers) and honours HF_HOME, HF_HUB_OFFLINE and
+    # HF_TOKEN; it shows its own progress bars. Imported here: a local or bundled checkpoint does not wait for it.
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub import errors as hub_errors
     try:
@@ -77,9 +70,8 @@ def _hub_file(repo: str, filename: str) -> Path:
         cached = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
         interrupted = any((cached / "blobs").glob("*.incomplete"))
         hint = f" (an interrupted download is in {cached}: connect again to finish it)" if interrupted else ""
-        raise PicospecError(f"cannot get {filename} of {repo}: it is not in the Hugging Face cache{hint} and "
-                            "the hub is unreachable (or HF_HUB_OFFLINE=1); connect once, or pass a local "
-                            "folder") from None
+        raise PicospecError(f"cannot get {filename} of {repo}: it is not in the Hugging Face cache{hint} and the hub "
+                            "is unreachable (or HF_HUB_OFFLINE=1); connect once, or pass a local folder") from None
     except (hub_errors.RepositoryNotFoundError, hub_errors.GatedRepoError):
         raise PicospecError(f"hub repo {repo!r} not found or not accessible; check the name, "
                             "or set HF_TOKEN for a private repo") from None
@@ -87,9 +79,8 @@ def _hub_file(repo: str, filename: str) -> Path:
         hint = "; picospec loads safetensors only" if filename.endswith(".safetensors") else ""
         raise MissingFile(f"hub repo {repo!r} has no {filename}{hint}") from None
     except (hub_errors.HfHubHTTPError, OSError) as e:
-        raise PicospecError(f"cannot download {filename} of {repo} ({type(e).__name__}); check the "
-                            "network, or set HF_HUB_OFFLINE=1 to use the cache, or pass a local "
-                            "folder") from None
+        raise PicospecError(f"cannot download {filename} of {repo} ({type(e).__name__}); check the network, or "
+                            "set HF_HUB_OFFLINE=1 to use the cache, or pass a local folder") from None
 
 
 def load_model(name_or_path: str, dtype: str | None = None) -> Model:
@@ -109,19 +100,13 @@ def load_model(name_or_path: str, dtype: str | None = None) -> Model:
     config = read_config(checkpoint_file(name_or_path, "config.json"))
     params = load_params(safetensors_files(name_or_path), config, DTYPES[dtype])
     model = fastpath.fast(Model(config, params))
-    if dtype == "float16":
-        check_float16(model, name_or_path)
-    return model
-
-
-def check_float16(model: Model, name: str):
-    """float16 holds at most 65504: a checkpoint whose activations pass it computes Inf and NaN, and
-    would sample garbage. One forward pass over a probe text (the first tokens of the vocabulary)
-    finds most such models before anything is sampled."""
-    probe = np.arange(min(32, model.config.n_positions)) % model.config.vocab_size
-    if not np.isfinite(np.asarray(logits(model, probe))).all():
-        raise PicospecError(f"{name} overflows float16 (its activations pass 65504 on a probe text, giving "
+    # float16 holds at most 65504: a checkpoint whose activations pass it computes Inf and NaN, and would sample
+    # garbage. One forward pass over a probe text (the first tokens of the vocabulary) finds most such models.
+    probe = np.arange(min(32, config.n_positions)) % config.vocab_size
+    if dtype == "float16" and not np.isfinite(np.asarray(logits(model, probe))).all():
+        raise PicospecError(f"{name_or_path} overflows float16 (its activations pass 65504 on a probe text, giving "
                             "Inf and NaN): use --dtype bfloat16 or float32")
+    return model
 
 
 def safetensors_files(name_or_path: str) -> list[Path]:
@@ -150,8 +135,7 @@ def load_tokenizer(name_or_path: str, model: Model | None = None) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-        raise PicospecError(f"{path} is not a valid tokenizer.json ({first_line(e)}); "
-                            "download it again") from None
+        raise PicospecError(f"{path} is not a valid tokenizer.json ({first_line(e)}); download it again") from None
     if model is not None:
         check_tokenizer(tokenizer, model, path)
     return tokenizer
@@ -166,14 +150,12 @@ def check_tokenizer(tokenizer: Tokenizer, model: Model, path):
 
 def eos_token_id(model: Model, tokenizer: Tokenizer) -> int | None:
     """<|endoftext|>: from config.json if it says, else from the tokenizer."""
-    if model.config.eos_token_id is not None:
-        return model.config.eos_token_id
-    return tokenizer.token_to_id("<|endoftext|>")
+    eos = model.config.eos_token_id
+    return eos if eos is not None else tokenizer.token_to_id("<|endoftext|>")
 
 
 def save_checkpoint(model: Model, tokenizer: Tokenizer, folder: Path, dtype=np.float32):
-    """Write a Hugging Face GPT-2 folder (hub key names, tensors stored as dtype) that picospec and
-    transformers load."""
+    """Write a Hugging Face GPT-2 folder (hub key names, tensors as dtype) that picospec and transformers load."""
     folder.mkdir(parents=True, exist_ok=True)
     save_params(model.params, folder / "model.safetensors", dtype)
     (folder / "config.json").write_text(json.dumps(config_json(model.config), indent=2) + "\n")

@@ -1,10 +1,8 @@
-"""`picospec` (or `python -m picospec`): speculative sampling on GPT-2 (124M drafting for 1558M),
-streamed and coloured.
+"""`picospec` (or `python -m picospec`): speculative sampling on GPT-2 (124M drafting for 1558M), streamed and coloured.
 
-One prompt streams one iteration at a time. Several (`--prompt` given more than once, or
-`--prompt-file`) run as one batch, each row printed the moment it finishes; row b samples with
-jax.random.split(jax.random.key(seed), B)[b]. Both go through the same stream (a single prompt is a
-batch of one).
+One prompt streams one iteration at a time. Several (`--prompt` given more than once, or `--prompt-file`) run as one
+batch, each row printed the moment it finishes; row b samples with jax.random.split(jax.random.key(seed), B)[b]. Both go
+through the same stream (a single prompt is a batch of one).
 """
 
 import json
@@ -28,14 +26,7 @@ from picospec.tools.checkpoints.weights import (
     load_tokenizer,
 )
 from picospec.tools.cli.flags import parse_args
-from picospec.tools.cli.options import (
-    K_max,
-    describe,
-    k_used,
-    read_prompts,
-    tree_shape,
-    use_platform,
-)
+from picospec.tools.cli.options import K_max, k_used, read_prompts, tree_shape, use_platform
 from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
@@ -43,23 +34,19 @@ from picospec.tools.jit_cache import use_persistent_cache
 
 
 def load(args):
-    """The tokenizer, the draft (a Model, the n-gram draft or None) and the target. The cheap checks come
-    first, before any weights load (gpt2-xl's take tens of seconds): the target's tokenizer reads, and
-    the draft's name resolves."""
-    tokenizer = load_tokenizer(args.target)
-    uses_draft = args.mode != "autoregressive"
-    draft_is_model = uses_draft and args.draft != "ngram"
+    """The tokenizer, the draft (a Model, the n-gram draft or None) and the target. The cheap checks come first, before
+    any weights load (gpt2-xl's take tens of seconds): the target's tokenizer reads, and the draft's name resolves."""
+    tokenizer, draft = load_tokenizer(args.target), None
+    draft_is_model = args.mode != "autoregressive" and args.draft != "ngram"
     if draft_is_model:
-        checkpoint_file(args.draft, "config.json")
-    if uses_draft and args.draft == "ngram":
+        draft_config = checkpoint_file(args.draft, "config.json")
+    elif args.mode != "autoregressive":
         draft_checks.ngram_max(args.ngram_max)
-    ngram = NGramDraft(args.ngram_max) if uses_draft and args.draft == "ngram" else None
+        draft = NGramDraft(args.ngram_max)
     target = load_model(args.target, args.dtype)
     check_tokenizer(tokenizer, target, checkpoint_file(args.target, "tokenizer.json"))
-    if draft_is_model and is_head(checkpoint_file(args.draft, "config.json")):  # an EAGLE head, for this target
-        draft = load_head(args.draft, target)
-    else:
-        draft = load_model(args.draft, args.dtype) if draft_is_model else ngram
+    if draft_is_model:  # an EAGLE head (for this target) or a draft model
+        draft = load_head(args.draft, target) if is_head(draft_config) else load_model(args.draft, args.dtype)
     if draft is not None:
         adaptive_K = args.K == "auto" or args.confidence > 0
         draft_checks.tree(tree_shape(args), args.children, draft, target, args.verify, args.drafts, adaptive_K or None)
@@ -91,14 +78,14 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
                 text = show(out, tokenizer, [t for s in steps[b] for t in s.tokens], step, mode, text)
             steps[b].append(step)
             if step.finished:
-                records[b] = row_record(mode, steps[b], args.K, tokenizer, prompts[b], timing.compile_seconds)
+                records[b] = row_record(mode, steps[b], tokenizer, prompts[b], timing.compile_seconds)
                 records[b]["stats"] |= where | (settings | k_used(steps[b]) if mode == "speculative" else {})
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
-    stats = batch_stats(records, args.K, timing.seconds, timing.compile_seconds) | where
+    stats = batch_stats(records, timing.seconds, timing.compile_seconds) | where
     stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
     if mode == "speculative" and args.K == "auto":  # what auto decided, and why
         stats["auto"] = autotune.explain(timing.tuned, [s for row in steps for s in row])
@@ -127,8 +114,9 @@ def main(argv=None) -> int:
     args = None
     try:
         args = parse_args(argv)
-        chosen = use_platform(args.platform)
-        device, args.dtype = describe(chosen), args.dtype or default_dtype(chosen.platform)
+        chosen = use_platform(args.platform)  # named in the summary and the JSON (kind: a GPU's model name)
+        device = {"platform": chosen.platform, "kind": chosen.device_kind, "name": str(chosen)}
+        args.dtype = args.dtype or default_dtype(chosen.platform)
         use_persistent_cache()  # a second run of the same command compiles nothing
         checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
         checks.positive("K", K_max(args))
@@ -159,16 +147,13 @@ def main(argv=None) -> int:
             sys.stdout.write(("\033[0m" if coloured(sys.stdout) else "") + "\n")
             sys.stdout.flush()
         return 130
-    report = {mode: records[0] for mode, (records, _) in results.items()} if len(texts) == 1 else \
-        {mode: stats for mode, (_, stats) in results.items()}
+    report = {mode: records[0] if len(texts) == 1 else stats for mode, (records, stats) in results.items()}
     if args.mode == "compare":
         (ar, ar_stats), (spec, spec_stats) = results["autoregressive"], results["speculative"]
-        report["speedup"] = spec_stats["tokens_per_second"] / ar_stats["tokens_per_second"]
-        same = [r["tokens"] for r in ar] == [r["tokens"] for r in spec]
-        report["identical"] = same if args.temperature == 0 else None
+        same = [r["tokens"] for r in ar] == [r["tokens"] for r in spec] if args.temperature == 0 else None
+        report |= {"speedup": spec_stats["tokens_per_second"] / ar_stats["tokens_per_second"], "identical": same}
         if not args.json:
-            greedy = "" if report["identical"] is None else \
-                f"; greedy outputs {'identical' if report['identical'] else 'DIFFER'}"
+            greedy = "" if same is None else f"; greedy outputs {'identical' if same else 'DIFFER'}"
             print(f"speedup {report['speedup']:.2f}x{greedy}", file=sys.stderr)
     if args.json:
         print(json.dumps({"summary": report} if len(texts) > 1 else report if args.mode == "compare"

@@ -8,17 +8,15 @@ from picospec.errors import PicospecError
 from picospec.tools.checkpoints.weights import DTYPES
 from picospec.tools.cli.options import AUTO_K_MAX, k_value
 
-DESCRIPTION = "speculative sampling on GPT-2 (124M drafting for 1558M), streamed and coloured."
-
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="picospec", description=DESCRIPTION)
+    description = "speculative sampling on GPT-2 (124M drafting for 1558M), streamed and coloured."
+    parser = argparse.ArgumentParser(prog="picospec", description=description)
     parser.add_argument("--prompt", action="append", help="the text to continue; empty starts from <|endoftext|>; "
                         "give it several times to run the prompts as one batch")
     parser.add_argument("--prompt-file", help="one prompt a line (- reads standard input), run as one batch")
-    parser.add_argument("--draft", default="gpt2",
-                        help="draft model: name, hub repo or folder (default gpt2, 124M); an EAGLE head trained "
-                        "for the target (tiny-head); or ngram for n-gram lookup")
+    parser.add_argument("--draft", default="gpt2", help="draft model: name, hub repo or folder (default gpt2, 124M); "
+                        "an EAGLE head trained for the target (tiny-head); or ngram for n-gram lookup")
     parser.add_argument("--ngram-max", type=int, default=3, help="with --draft ngram: longest n-gram tried (default 3)")
     parser.add_argument("--target", default="gpt2-xl", help="target model (default gpt2-xl, 1558M)")
     parser.add_argument("--n-tokens", type=int, default=40, help="tokens to generate (default 40)")
@@ -51,7 +49,7 @@ def parse_args(argv):
                         "a batch: one line per row as it finishes, then one with the summary)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw every iteration's accept and reject as a grid "
                         "(a batch: one file per prompt, FILE-1.png, FILE-2.png, ...); needs matplotlib")
-    parser.error = lambda message: _fail(message)  # one line, exit code 2: no usage dump
+    parser.error = _fail  # one line, exit code 2: no usage dump
     return parser.parse_args(argv)
 
 

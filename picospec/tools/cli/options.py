@@ -20,10 +20,8 @@ AUTO_K_MAX = 7  # --K auto compiles for this many drafts (the target scores <= 8
 
 
 def k_value(text: str):
-    if text == "auto":
-        return text
     try:
-        return int(text)
+        return text if text == "auto" else int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"give a whole number or auto, not {text!r}") from None
 
@@ -37,26 +35,14 @@ def K_max(args) -> int:  # the loop's lookahead
     return AUTO_K_MAX if args.K == "auto" else args.K
 
 
-def prompt_laws(draft, target, prompts, p_sampling: Sampling, q_sampling: Sampling, least: int = 4):
-    """(p, q) [positions, V]: the draft's and the target's laws at every position of the prompts (one
-    forward pass of each model a prompt), what the CLI measures acceptance from before it generates;
-    (None, None) with fewer than `least` positions, or a draft that is not a model."""
-    if not isinstance(draft, Model) or sum(len(prompt) for prompt in prompts) < least:
-        return None, None
-    return tuple(np.concatenate(law(model, prompts, how)) for model, how in ((draft, p_sampling),
-                                                                                (target, q_sampling)))
-
-
 CHUNK = 64  # prompts a call at most: [64, L, V] at a time
 
 
 def law(model: Model, prompts, sampling: Sampling) -> list[np.ndarray]:
-    """[len(prompt), V] for each prompt: the model's law after each of its tokens, from a saved program
-    (programs.py: a repeated run traces nothing) that runs the prompts of one padded length (a power of
-    two; causal attention leaves the rows of a prompt's own tokens as they are) one after another in one
-    call, CHUNK at most, each exactly as a call of its own would."""
-    out = [None] * len(prompts)
-    by_length = {}
+    """[len(prompt), V] for each prompt: the model's law after each of its tokens, from a saved program (programs.py: a
+    repeated run traces nothing) that runs the prompts of one padded length (a power of two; causal attention leaves the
+    rows of a prompt's own tokens as they are) in turn in one call, CHUNK at most, each as a call of its own would."""
+    out, by_length = [None] * len(prompts), {}
     for i, prompt in enumerate(prompts):
         by_length.setdefault(min(max(8, 1 << (len(prompt) - 1).bit_length()), model.config.n_positions), []).append(i)
     for L, rows in by_length.items():
@@ -72,11 +58,7 @@ def law(model: Model, prompts, sampling: Sampling) -> list[np.ndarray]:
 
 
 def each_laws(model: Model, tokens, sampling: Sampling):  # int32 [N, L] -> [N, L, V], row by row
-    return jax.lax.map(lambda row: laws(model, row, sampling), tokens)
-
-
-def laws(model: Model, tokens, sampling: Sampling):  # int32 [L] -> [L, V]
-    return logits_to_probs(logits(model, tokens), sampling)
+    return jax.lax.map(lambda row: logits_to_probs(logits(model, row), sampling), tokens)  # [L] -> [L, V]
 
 
 TREE_ALPHA = 0.8  # the acceptance a tree's shape is chosen for when the prompts are too short to measure it
@@ -91,17 +73,18 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     if args.tree is None:
         return None
     checks.positive("tree", args.tree)
-    ranked = Sampling() if args.children in ("top", "dynamic") else sampling  # these rank by the plain softmax
-    p, q = prompt_laws(draft, target, prompts, ranked, sampling)
-    measured = p is not None
-    if args.children == "dynamic":  # grown each call (dynamic.py) as deep as theory's tree of top children,
-        law = (tree_theory.rank_law("top", p, q, args.tree) if measured
-               else tree_theory.rank_acceptance(TREE_ALPHA, args.tree))
-        budget = grown(args.tree, Shape(tree_theory.optimal_tree(args.tree, law)).D)
-        return budget._replace(calibration=calibration(p, q, budget.W)) if measured else budget  # and calibrated
-    if not measured:
-        return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_acceptance(TREE_ALPHA, args.tree)))
-    return Shape(tree_theory.optimal_tree(args.tree, tree_theory.rank_law(args.children, p, q, args.tree)))
+    p = q = None  # the draft's and the target's laws at every position of the prompts [positions, V], if measured
+    if isinstance(draft, Model) and sum(len(prompt) for prompt in prompts) >= 4:
+        ranked = Sampling() if args.children in ("top", "dynamic") else sampling  # these rank by the plain softmax
+        p, q = np.concatenate(law(draft, prompts, ranked)), np.concatenate(law(target, prompts, sampling))
+    children = "top" if args.children == "dynamic" else args.children
+    by_rank = (tree_theory.rank_acceptance(TREE_ALPHA, args.tree) if p is None
+               else tree_theory.rank_law(children, p, q, args.tree))
+    best = Shape(tree_theory.optimal_tree(args.tree, by_rank))
+    if args.children != "dynamic":
+        return best
+    budget = grown(args.tree, best.D)  # grown each call (dynamic.py) as deep as theory's tree of top children,
+    return budget if p is None else budget._replace(calibration=calibration(p, q, budget.W))  # and calibrated
 
 
 def k_used(steps) -> dict:
@@ -139,8 +122,3 @@ def use_platform(name: str | None):
         raise PicospecError(f"no {name} here ({str(e).splitlines()[0]}); {install}leave --platform out") from None
     jax.config.update("jax_default_device", device)
     return device
-
-
-def describe(device) -> dict:
-    """The device in the summary and the JSON: its platform and kind (a GPU's model name)."""
-    return {"platform": device.platform, "kind": device.device_kind, "name": str(device)}

@@ -8,11 +8,10 @@ One row per iteration (target call), one column per draft position d_0..d_{K-1},
   bonus      blue      the target's token after all drafts were kept
   target     white     nothing was proposed (the n-gram draft found nothing): a plain target step
   cut        hatched   accepted, or the extra token, but past --n-tokens (or after <|endoftext|>): not kept
-Each judged draft has a small bar under its token: its length is what the uniform u is compared
-with (min(1, q/p) for the token rule, the stop chance h for block verification), and a black tick
-marks u: the draft is kept when the tick lies left of the bar's end (the token rule); the match
-rule draws no uniform, so it has no bar. At the right, the tokens the iteration kept.
-A PNG through matplotlib (the `plot` extra), so it shows wherever a notebook or a file is viewed.
+Each judged draft has a small bar under its token: its length is what the uniform u is compared with (min(1, q/p) for
+the token rule, the stop chance h for block verification), and a black tick marks u: the draft is kept when the tick
+lies left of the bar's end (the token rule); the match rule draws no uniform, so it has no bar. At the right, the tokens
+the iteration kept. A PNG through matplotlib (the `plot` extra), so it shows wherever a notebook or a file is viewed.
 """
 
 import io
@@ -45,11 +44,6 @@ def is_cut(step: Step) -> bool:
     return len(step.tokens) <= step.accepted
 
 
-def label(tokenizer, token: int) -> str:  # a token as short, printable text
-    text = repr(tokenizer.decode([token]))[1:-1].replace("$", r"\$")
-    return text if len(text) <= 9 else text[:8] + "…"
-
-
 def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's accept and reject"):
     """The grid for `steps` (one row's Steps, from trace_steps or the stream), as a matplotlib Figure."""
     from matplotlib.figure import Figure
@@ -57,7 +51,7 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
 
     width, height = figure_size(len(steps), K)
     figure = Figure(figsize=(width, height), dpi=DPI)
-    ax = figure.add_axes((0.55 / width, 0.4 / height, 1 - 1.6 / width, 1 - 1.45 / height))  # margins in inches
+    ax = figure.add_axes((0.55 / width, 0.4 / height, 1 - MARGIN_WIDTH / width, 1 - MARGIN_HEIGHT / height))
     for row, step in enumerate(steps):
         kept = len(step.tokens)  # accepted drafts from position `kept` on were cut
         cells = [(i, d, "cut" if v == "accepted" and i >= kept else v)
@@ -68,16 +62,17 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
             if verdict == "cut":  # the hatch over the cell, in its own colour (the cell's edge is white)
                 ax.add_patch(Rectangle((column, row), 1, 1, fill=False, hatch=HATCH, edgecolor=HATCH_COLOUR, lw=0))
             if token is not None:
-                ax.text(column + 0.5, row + 0.42, label(tokenizer, token), ha="center", va="center", fontsize=8,
-                        family="monospace", color="#555555" if verdict in ("dropped", "cut") else "black")
+                label = repr(tokenizer.decode([token]))[1:-1].replace("$", r"\$")  # as short, printable text
+                label = label if len(label) <= 9 else label[:8] + "…"
+                ax.text(column + 0.5, row + 0.42, label, ha="center", va="center", fontsize=8, family="monospace",
+                        color="#555555" if verdict in ("dropped", "cut") else "black")
         for i, verdict in enumerate(verdicts(step)):  # what u was compared with, and u
             bar = step.h[i] if step.h else (min(1.0, step.q[i] / step.p[i]) if step.p[i] > 0 else 0.0)
             if verdict != "dropped" and step.u and any(step.u):
                 ax.add_patch(Rectangle((i + 0.1, row + 0.72), 0.8 * bar, 0.14, facecolor="#444444", alpha=0.45))
                 ax.plot([i + 0.1 + 0.8 * step.u[i]] * 2, [row + 0.66, row + 0.92], color="black", lw=1.2)
         ax.text(K + 1.15, row + 0.5, f"+{len(step.tokens)}", va="center", fontsize=8)
-    ax.set_xlim(0, K + 1)
-    ax.set_ylim(len(steps), 0)
+    ax.set(xlim=(0, K + 1), ylim=(len(steps), 0))
     ax.set_xticks([i + 0.5 for i in range(K + 1)], [f"d_{i}" for i in range(K)] + ["extra"], fontsize=8)
     ax.xaxis.tick_top()
     against = "h" if any(s.h for s in steps) else "min(1, q/p)"
@@ -87,8 +82,7 @@ def draw(steps: list[Step], tokenizer, K: int, title: str = "Every iteration's a
     ax.set_yticks([i + 0.5 for i in range(len(steps))], [str(i) for i in range(len(steps))], fontsize=7)
     ax.set_ylabel("iteration (one target call each)", fontsize=8)
     ax.tick_params(length=0)
-    for side in ax.spines.values():
-        side.set_visible(False)
+    ax.spines[:].set_visible(False)
     shown = {"target": any(not s.proposed for s in steps), "cut": any(map(is_cut, steps))}
     kinds = [k for k in COLOURS if shown.get(k, True)]
     handles = [Patch(facecolor=COLOURS[k], edgecolor="#999999", hatch=HATCH if k == "cut" else None,

@@ -15,8 +15,7 @@ def coloured(out) -> bool:
 
 
 def show(out, tokenizer, tokens: list[int], step: Step, mode: str, text: str) -> str:
-    """Print what one step added after `tokens` (whose decoded text is `text`), coloured by how each
-    token came to be; return the text so far."""
+    """Print `step`'s tokens after `tokens` (decoded: `text`), coloured by how each came; return the text so far."""
     colour = coloured(out)
     paint = (lambda s, kind: f"\033[{COLOURS[kind]}m{s}\033[0m") if colour else (lambda s, kind: s)
     pieces, seen = [], tokens[:]
@@ -37,27 +36,24 @@ def legend() -> str:
     return "colours: " + " ".join(f"\033[{COLOURS[k]}m{k}\033[0m" for k in COLOURS if k != "target")
 
 
-def row_record(mode: str, steps: list[Step], K: int, tokenizer, prompt_tokens, compile_seconds: float) -> dict:
+def row_record(mode: str, steps: list[Step], tokenizer, prompt_tokens, compile_seconds: float) -> dict:
     """One row's result: its text and tokens, every step's decisions, and its figures."""
     tokens = [t for s in steps for t in s.tokens]
-    n_steps, seconds = len(steps), steps[-1].seconds
-    drafted = sum(s.k for s in steps) if mode == "speculative" else 0
-    accepted = sum(s.accepted for s in steps)
-    stats = {"n_tokens": len(tokens), "n_steps": n_steps, "tokens_per_step": len(tokens) / n_steps,
-             "acceptance_rate": accepted / drafted if drafted else None, "seconds": seconds,
-             "tokens_per_second": len(tokens) / seconds, "compile_seconds": compile_seconds}
     step_records = [{k: v for k, v in vars(s).items() if k not in ("finished", "seconds")} if mode == "speculative"
                     else {"tokens": s.tokens} for s in steps]
     return {"text": tokenizer.decode(tokens), "tokens": tokens, "prompt_tokens": list(prompt_tokens),
-            "steps": step_records, "stats": stats}
+            "steps": step_records, "stats": figures(step_records, steps[-1].seconds, compile_seconds)}
 
 
-def batch_stats(rows: list[dict], K: int, seconds: float, compile_seconds: float) -> dict:
+def batch_stats(rows: list[dict], seconds: float, compile_seconds: float) -> dict:
     """The batch as a whole: every row's tokens over the wall time until the last row finished."""
-    steps = [s for r in rows for s in r["steps"]]
+    return {"n_prompts": len(rows)} | figures([s for r in rows for s in r["steps"]], seconds, compile_seconds)
+
+
+def figures(steps: list[dict], seconds: float, compile_seconds: float) -> dict:
+    """Step records' tokens, calls, tokens per call and acceptance (None: nothing drafted), and speed."""
     n_tokens, drafted = sum(len(s["tokens"]) for s in steps), sum(s.get("k", 0) for s in steps)
-    return {"n_prompts": len(rows), "n_tokens": n_tokens, "n_steps": len(steps),
-            "tokens_per_step": n_tokens / len(steps),
+    return {"n_tokens": n_tokens, "n_steps": len(steps), "tokens_per_step": n_tokens / len(steps),
             "acceptance_rate": sum(s.get("accepted", 0) for s in steps) / drafted if drafted else None,
             "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds}
 
@@ -79,8 +75,7 @@ HTML_COLOURS = {"accepted": "#c8f7c5", "rejected": "#f7c5c5", "resample": "#fbe7
 
 
 def decisions(step: Step, tokenizer) -> str:
-    """One iteration's decisions as plain text: each drafted token with p, q, q/p, u and its verdict,
-    then the token the target added."""
+    """One iteration's decisions as text: each draft with p, q, q/p, u and its verdict, then the target's token."""
     lines = [f"{'':6}{'token':>12}{'p (draft)':>11}{'q (target)':>11}{'q/p':>8}{'u':>8}  verdict"]
     for i, (d, p, q, verdict) in enumerate(zip(step.drafted, step.p, step.q, verdicts(step))):
         numbers = f"{p:11.3g}{q:11.3g}{q / p:8.3g}{step.u[i] if step.u else 0:8.3g}" if verdict != "dropped" else ""

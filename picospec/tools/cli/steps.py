@@ -1,5 +1,4 @@
-"""What one iteration added to one row, as the CLI, the pictures and the notebooks show it: a Step,
-read from a row of the loop's Trace."""
+"""What one iteration added to one row, as the CLI, pictures and notebooks show it: a Step, read from a Trace's row."""
 
 from dataclasses import dataclass, field
 
@@ -29,8 +28,7 @@ class Step:
 
 
 def extra_kind(step: Step) -> str:
-    """How the token after the accepted drafts came to be: the bonus, a resample, or (the draft
-    proposed nothing) a plain target step."""
+    """How the token after the accepted drafts came: the bonus, a resample, or (nothing proposed) a target step."""
     return "bonus" if step.bonus else ("resample" if step.proposed else "target")
 
 

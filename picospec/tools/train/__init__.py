@@ -5,11 +5,10 @@
     python -m picospec.tools.train --out weights
     python -m picospec.tools.train --head --out weights   # an EAGLE head for tiny-target (head.py)
 
-Steps: train a byte-level BPE tokenizer; train the target; train the draft by distillation
-(cross-entropy against the target's distribution; --drafts text or both also trains one on the text);
-measure held-out perplexity and the pair's acceptance rate; save the target and the better draft as
-Hugging Face GPT-2 checkpoints, with a report. The same --seed gives the same models. On 2 CPU cores
-the target takes about 70 minutes and the draft 45.
+Steps: train a byte-level BPE tokenizer; train the target; train the draft by distillation (cross-entropy against the
+target's distribution; --drafts text or both also trains one on the text); measure held-out perplexity and the pair's
+acceptance rate; save the target and the better draft as Hugging Face GPT-2 checkpoints, with a report. The same --seed
+gives the same models. On 2 CPU cores the target takes about 70 minutes and the draft 45.
 """
 
 import argparse
@@ -29,7 +28,6 @@ from picospec.gpt2 import GPT2Config, Model, forward, init_cache, init_params
 from picospec.tools.checkpoints.config import config_json
 from picospec.tools.checkpoints.weights import load_model, save_checkpoint
 from picospec.tools.samplers import speculative_sample
-from picospec.tools.train import head
 from picospec.tools.train.corpus import VOCAB, corpus, train_tokenizer, write_heldout_sample
 
 CONTEXT = 256
@@ -43,17 +41,10 @@ TARGET_LR, DRAFT_LR = 1e-3, 3e-3
 STORED = np.float16  # the dtype of the bundled files: half of float32's bytes; the models run in float32
 
 
-def as_stored(model: Model) -> Model:
-    """The model exactly as its file will hold it: every later figure is of the shipped weights."""
+def as_stored(model):
+    """The model (or EAGLE head) exactly as its file will hold it: every later figure is of the shipped weights."""
     rounded = jax.tree_util.tree_map(lambda x: x.astype(STORED).astype(jnp.float32), model.params)
     return dataclasses.replace(model, params=rounded)
-
-
-def batches(tokens: np.ndarray, batch: int, rng: np.random.Generator):
-    """Endless random windows of CONTEXT + 1 tokens: [batch, CONTEXT + 1]."""
-    while True:
-        starts = rng.integers(0, len(tokens) - CONTEXT - 1, batch)
-        yield np.stack([tokens[s:s + CONTEXT + 1] for s in starts])
 
 
 def batch_logits(params, config, x):  # [B, T] -> [B, T, V], picospec's own forward pass
@@ -70,24 +61,29 @@ def loss_fn(params, config, x, y_probs=None):
     return -(y_probs * logprobs).sum(-1).mean()
 
 
-def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=32, log=print):
-    params = init_params(config, jax.random.key(seed))
+def adamw(lr: float, steps: int):
+    """The optimizer of the pair and of the EAGLE head: AdamW (weight decay 0.01) on gradients clipped at
+    norm 1, the rate warmed up over the first 5% of the steps, then cosine-decayed to lr / 10."""
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 20, 1), steps, lr / 10)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+
+
+def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=32, log=print):
+    params, optimizer = init_params(config, jax.random.key(seed)), adamw(lr, steps)
     opt_state = optimizer.init(params)
 
     @jax.jit
-    def step(params, opt_state, x):
-        soft = None
-        if teacher is not None:  # distillation: the target's next-token distribution
-            soft = jax.nn.softmax(batch_logits(teacher.params, teacher.config, x[:, :-1]))
+    def step(params, opt_state, x):  # soft: for distillation, the target's next-token distribution
+        soft = None if teacher is None else jax.nn.softmax(batch_logits(teacher.params, teacher.config, x[:, :-1]))
         loss, grads = jax.value_and_grad(loss_fn)(params, config, x, soft)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    data, t0 = batches(tokens, batch, np.random.default_rng(seed)), time.time()
+    rng, t0 = np.random.default_rng(seed), time.time()
     for i in range(steps):
-        params, opt_state, loss = step(params, opt_state, jnp.asarray(next(data)))
+        starts = rng.integers(0, len(tokens) - CONTEXT - 1, batch)  # random windows of CONTEXT + 1 tokens
+        x = np.stack([tokens[s:s + CONTEXT + 1] for s in starts])  # [batch, CONTEXT + 1]
+        params, opt_state, loss = step(params, opt_state, jnp.asarray(x))
         if i % 50 == 0 or i == steps - 1:
             log(f"  step {i:5d}/{steps}  loss {float(loss):.3f}  {time.time() - t0:6.0f}s")
     return fastpath.fast(Model(config, params))
@@ -95,38 +91,34 @@ def train(config, tokens, steps, seed, lr, teacher: Model | None = None, batch=3
 
 def perplexity(model: Model, tokens: np.ndarray) -> float:
     """exp(mean held-out cross-entropy) over consecutive windows."""
-    n = (len(tokens) - 1) // CONTEXT
-    windows = np.stack([tokens[i * CONTEXT:(i + 1) * CONTEXT + 1] for i in range(n)])
-    losses = [float(loss_fn(model.params, model.config, jnp.asarray(windows[i:i + 16]))) for i in range(0, n, 16)]
-    sizes = [len(windows[i:i + 16]) for i in range(0, n, 16)]
-    return float(np.exp(np.average(losses, weights=sizes)))
+    windows = np.stack([tokens[s:s + CONTEXT + 1] for s in range(0, len(tokens) - CONTEXT, CONTEXT)])
+    chunks = [jnp.asarray(windows[i:i + 16]) for i in range(0, len(windows), 16)]
+    losses = [float(loss_fn(model.params, model.config, chunk)) for chunk in chunks]
+    return float(np.exp(np.average(losses, weights=[len(chunk) for chunk in chunks])))
 
 
-def acceptance_rate(draft, target, prompts, temperature, K=4, n_tokens=64, seed=0) -> float:
-    """Accepted draft tokens / drafted tokens, over speculative runs on held-out prompts."""
-    accepted = drafted = 0
+def acceptance(draft, target, prompts, temperature: float, K=4, n_tokens=64, seed=0) -> tuple[float, np.ndarray]:
+    """The acceptance rate (accepted drafts / drafted) over speculative runs on held-out prompts (prompt i
+    continued by n_tokens, with key seed + i), and the drafts each iteration accepted [iterations]."""
+    counts = []
     for i, prompt in enumerate(prompts):
-        _, trace = speculative_sample(draft, target, prompt, n_tokens, jax.random.key(seed + i), K=K,
+        _, trace = speculative_sample(draft, target, list(prompt), n_tokens, jax.random.key(seed + i), K=K,
                                       temperature=temperature)
-        accepted += int(trace.n_accepted.sum())
-        drafted += K * int(trace.n_steps)
-    return accepted / drafted
-
-
-def n_params(model: Model) -> int:
-    return sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+        counts.append(np.asarray(trace.n_accepted[:int(trace.n_steps)]))
+    counts = np.concatenate(counts)
+    return float(counts.sum() / (K * len(counts))), counts
 
 
 def main(argv=None):
+    from picospec.tools.train import head  # it trains with this module's adamw and acceptance
     parser = argparse.ArgumentParser(prog="python -m picospec.tools.train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("weights"), help="where tiny-draft/ and tiny-target/ go")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=600)
     parser.add_argument("--draft-steps", type=int, default=800)
-    parser.add_argument("--target-from", type=Path, default=None,
-                        help="a tiny-target folder an earlier run with the same --seed and --target-steps wrote: "
-                             "use it instead of training the target again (training is deterministic; this "
-                             "skips the hour it takes)")
+    parser.add_argument("--target-from", type=Path, default=None, help="a tiny-target folder an earlier run with the "
+                        "same --seed and --target-steps wrote: use it instead of training the target again (training "
+                        "is deterministic; this skips the hour it takes)")
     parser.add_argument("--drafts", choices=["distilled", "text", "both"], default="distilled",
                         help="which drafts to train: distilled from the target (the bundled one), on the "
                              "text, or both, keeping the one with the higher acceptance rate")
@@ -141,8 +133,7 @@ def main(argv=None):
 
     train_text, held_text = corpus()
     tokenizer = train_tokenizer(train_text)
-    train_tokens = np.array(tokenizer.encode(train_text).ids, np.int32)
-    held_tokens = np.array(tokenizer.encode(held_text).ids, np.int32)
+    train_tokens, held_tokens = (np.array(tokenizer.encode(text).ids, np.int32) for text in (train_text, held_text))
     log(f"corpus: {len(train_tokens):,} training tokens, {len(held_tokens):,} held out")
 
     if args.target_from:
@@ -156,14 +147,11 @@ def main(argv=None):
         target = as_stored(train(TARGET, train_tokens, args.target_steps, args.seed, TARGET_LR, log=log))
     save_checkpoint(target, tokenizer, args.out / "tiny-target", STORED)  # now, so --target-from can reuse it
     drafts = {}
-    if args.drafts in ("both", "text"):
-        log("training a draft on the text")
-        trained = train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR, log=log)
-        drafts["draft (text)"] = as_stored(trained)
-    if args.drafts in ("both", "distilled"):
-        log("training a draft by distillation from the target")
-        drafts["draft (distilled)"] = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR,
-                                                      teacher=target, log=log))
+    for kind, teacher, how in [("text", None, "on the text"), ("distilled", target, "by distillation from the target")]:
+        if args.drafts in ("both", kind):
+            log(f"training a draft {how}")
+            drafts[f"draft ({kind})"] = as_stored(train(DRAFT, train_tokens, args.draft_steps, args.seed + 1, DRAFT_LR,
+                                                        teacher, log=log))
 
     rng = np.random.default_rng(args.seed)
     prompts = [held_tokens[s:s + 32] for s in rng.integers(0, len(held_tokens) - 32, 20)]
@@ -173,23 +161,17 @@ def main(argv=None):
               "corpus": "King James Bible (Debian bible-kjv), every 20th chapter held out",
               "training_tokens": len(train_tokens), "held_out_tokens": len(held_tokens), "models": {}}
     for name, model in [("target", target), *drafts.items()]:
-        entry = {"params": n_params(model), "config": config_json(model.config),
-                 "held_out_perplexity": perplexity(model, held_tokens)}
+        entry = {"params": sum(x.size for x in jax.tree_util.tree_leaves(model.params)),
+                 "config": config_json(model.config), "held_out_perplexity": perplexity(model, held_tokens)}
         if model is not target:
             for temperature in (0.0, 1.0):
-                entry[f"acceptance_T{temperature:g}_K4"] = acceptance_rate(model, target, prompts, temperature)
+                entry[f"acceptance_T{temperature:g}_K4"] = acceptance(model, target, prompts, temperature)[0]
         report["models"][name] = entry
         log(f"{name}: {json.dumps({k: v for k, v in entry.items() if k != 'config'})}")
 
-    score = lambda name: sum(report["models"][name][f"acceptance_T{t}_K4"] for t in ("0", "1"))  # noqa: E731
-    kept = max(drafts, key=score)
-    report["kept_draft"] = kept
-    report["train_seconds"] = round(time.time() - t0)
+    kept = max(drafts, key=lambda name: sum(report["models"][name][f"acceptance_T{t}_K4"] for t in ("0", "1")))
+    report |= {"kept_draft": kept, "train_seconds": round(time.time() - t0)}
     save_checkpoint(drafts[kept], tokenizer, args.out / "tiny-draft", STORED)
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     write_heldout_sample(held_text, args.out / "heldout_sample.txt")
     log(f"kept {kept}; wrote {args.out}/tiny-target, {args.out}/tiny-draft, {args.out}/training_report.json")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,8 +22,7 @@ def corpus() -> tuple[str, str]:
             chapters.setdefault(m[1], []).append(m[3])
     texts = ["\n".join(verses) for verses in chapters.values()]
     train = [t for i, t in enumerate(texts) if i % 20]
-    held_out = [t for i, t in enumerate(texts) if i % 20 == 0]
-    return "\n<|endoftext|>".join(train), "\n<|endoftext|>".join(held_out)
+    return "\n<|endoftext|>".join(train), "\n<|endoftext|>".join(texts[::20])
 
 
 def train_tokenizer(text: str) -> Tokenizer:

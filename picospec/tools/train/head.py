@@ -2,15 +2,14 @@
 
     python -m picospec.tools.train --head --out weights     # about an hour on 2 CPU cores
 
-The target is tiny-target exactly as shipped, and frozen: the head learns the target, not the text. For
-every window of the training text the target computes, once, its features f_t (what its LM head reads;
-its next-token distribution is q_t = softmax(f_t W)). The head, fed the pairs (f_{t-1}, x_t) (teacher
-forcing on the target's own features), guesses g_t. The loss is EAGLE-1's: smooth-L1 of g_t against
-f_t (the feature regression), plus 0.1 x the cross-entropy of softmax(g_t W) against q_t (the token
-loss, what acceptance depends on; 0.1, the paper's weight, kept more than 1.0 did in a 300-step trial).
-As in the paper, uniform noise U(-0.1, 0.1) on the fed features (their spread is about 1.2) prepares
-the head to draft from its own guesses. The head is then measured on held-out text against tiny-draft
-and saved beside the pair, with a report and its loss curve. The same --seed gives the same head.
+The target is tiny-target exactly as shipped, and frozen: the head learns the target, not the text. For every window of
+the training text the target computes, once, its features f_t (what its LM head reads; its next-token distribution is
+q_t = softmax(f_t W)). The head, fed the pairs (f_{t-1}, x_t) (teacher forcing on the target's own features), guesses
+g_t. The loss is EAGLE-1's: smooth-L1 of g_t against f_t (the feature regression), plus 0.1 x the cross-entropy of
+softmax(g_t W) against q_t (the token loss, what acceptance depends on; 0.1, the paper's weight, kept more than 1.0 did
+in a 300-step trial). As in the paper, uniform noise U(-0.1, 0.1) on the fed features (their spread is about 1.2)
+prepares the head to draft from its own guesses. The head is then measured on held-out text against tiny-draft and saved
+beside the pair, with a report and its loss curve. The same --seed gives the same head.
 """
 
 import json
@@ -27,6 +26,7 @@ from picospec.beyond.eagle import HeadCache, HeadDraft, head_forward, init_head,
 from picospec.gpt2 import Model, init_cache
 from picospec.tools.checkpoints.head import save_head
 from picospec.tools.checkpoints.weights import load_model, load_tokenizer
+from picospec.tools.train import acceptance, adamw, as_stored
 from picospec.tools.train.corpus import corpus
 
 WINDOW, BATCH, STEPS, LR = 256, 8, 10000, 3e-3  # 3e-3 learned fastest of 1e-3, 3e-3, 1e-2 (150 steps)
@@ -41,9 +41,8 @@ def target_view(target: Model, x):  # [B, T] -> the target's features f [B, T, C
 
 
 def corpus_features(target: Model, tokens: np.ndarray, log=print):
-    """Every window of WINDOW tokens, starting at 0 and WINDOW / 2 apart, and the target's features
-    for each: computed once (the target is frozen), as EAGLE precomputes its training data.
-    Returns windows int32 [N, W] and f float32 [N, W, C]."""
+    """Every window of WINDOW tokens (starting at 0, WINDOW / 2 apart), int32 [N, W], and the target's features for
+    each, f float32 [N, W, C]: computed once (the target is frozen), as EAGLE precomputes its training data."""
     starts = range(0, len(tokens) - WINDOW, WINDOW // 2)
     windows = np.stack([tokens[s:s + WINDOW] for s in starts])
     f = np.concatenate([np.asarray(target_view(target, jnp.asarray(windows[i:i + 32])))
@@ -76,9 +75,7 @@ def loss_fn(params, target: Model, x, f, key):  # x [B, T] tokens, f [B, T, C] t
 def train_head(target: Model, tokens: np.ndarray, steps: int, seed: int, log=print):
     """The head's params after `steps` steps, and the loss curve [(step, loss, regression, token)]."""
     windows, features = corpus_features(target, tokens, log)
-    params = init_head(target.config, jax.random.key(seed))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, LR, max(steps // 20, 1), steps, LR / 10)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    params, optimizer = init_head(target.config, jax.random.key(seed)), adamw(LR, steps)
     opt_state, rng, curve, t0 = optimizer.init(params), np.random.default_rng(seed), [], time.time()
 
     @jax.jit
@@ -98,30 +95,15 @@ def train_head(target: Model, tokens: np.ndarray, steps: int, seed: int, log=pri
     return params, curve
 
 
-def acceptance_by_position(draft, target, prompts, temperature: float, K: int, n_tokens=64, seed=0):
-    """alpha_i, the chance the i-th draft of an iteration is accepted once it is reached (theory.py),
-    and the acceptance rate (accepted drafts / drafted), over speculative runs on held-out prompts."""
-    from picospec.tools.samplers import speculative_sample
-    counts = []
-    for i, prompt in enumerate(prompts):
-        _, trace = speculative_sample(draft, target, list(prompt), n_tokens, jax.random.key(seed + i), K=K,
-                                      temperature=temperature)
-        counts.append(np.asarray(trace.n_accepted[:int(trace.n_steps)]))
-    counts = np.concatenate(counts)
-    return theory.alpha_by_position(counts, K)[0].round(4).tolist(), float(counts.sum() / (K * len(counts)))
-
-
 def draw_curve(curve, path: Path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     steps, loss, regression, token = zip(*curve)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.add_subplot()
     ax.plot(steps, regression, label="feature regression (smooth L1)")
     ax.plot(steps, [W_CLS * t for t in token], label=f"{W_CLS} x token cross-entropy")
     ax.plot(steps, loss, label="loss", color="black")
-    ax.set_xlabel("step")
-    ax.set_title("The EAGLE head learning tiny-target's features")
+    ax.set(xlabel="step", title="The EAGLE head learning tiny-target's features")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -130,20 +112,18 @@ def draw_curve(curve, path: Path):
 def main(out: Path, seed: int, steps: int = STEPS, log=print):
     t0, target, tokenizer = time.time(), load_model("tiny-target"), load_tokenizer("tiny-target")
     train_text, held_text = corpus()
-    tokens = np.array(tokenizer.encode(train_text).ids, np.int32)
-    held = np.array(tokenizer.encode(held_text).ids, np.int32)
+    tokens, held = (np.array(tokenizer.encode(text).ids, np.int32) for text in (train_text, held_text))
     log(f"training an EAGLE head against tiny-target: {len(tokens):,} training tokens, {steps} steps")
     params, curve = train_head(target, tokens, steps, seed, log)
-    head = HeadDraft(jax.tree_util.tree_map(lambda x: x.astype(np.float16).astype(np.float32), params),
-                     target.config, target)  # as the file will hold it
+    head = as_stored(HeadDraft(params, target.config, target))
     prompts = [held[s:s + 32] for s in np.random.default_rng(seed).integers(0, len(held) - 32, HELD_OUT)]
-    report = {"seed": seed, "steps": steps, "window": WINDOW, "batch": BATCH, "learning_rate": LR,
-              "noise": NOISE, "token_loss_weight": W_CLS, "target": "tiny-target", "curve": curve,
-              "held_out": {}}
+    report = {"seed": seed, "steps": steps, "window": WINDOW, "batch": BATCH, "learning_rate": LR, "noise": NOISE,
+              "token_loss_weight": W_CLS, "target": "tiny-target", "curve": curve, "held_out": {}}
     for name, draft in [("tiny-head", head), ("tiny-draft", load_model("tiny-draft"))]:
         for temperature in (0.0, 1.0):
             for K in (4, 7):
-                by_position, rate = acceptance_by_position(draft, target, prompts, temperature, K)
+                rate, counts = acceptance(draft, target, prompts, temperature, K)
+                by_position = theory.alpha_by_position(counts, K)[0].round(4).tolist()  # alpha_i (theory.py)
                 report["held_out"][f"{name} T{temperature:g} K{K}"] = {"acceptance": rate, "by_position": by_position}
                 log(f"{name} T={temperature:g} K={K}: acceptance {rate:.3f}, by position {by_position}")
     report["seconds"] = round(time.time() - t0)
