@@ -458,7 +458,8 @@ def test_a_prior_that_stops_the_draft_decodes_as_autoregressive_sampling_does(mo
         assert len(rows[b]) == int(trace.n_steps[b]) and not any(step.proposed for step in rows[b])
         np.testing.assert_array_equal(sum((step.tokens for step in rows[b]), []), out[b, :int(trace.n_steps[b])])
     drafting = dataclasses.replace(doubtful, prior=jnp.float32([20, 1]))
-    _, trace = samplers.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0, policy=drafting)
+    _, trace = samplers.speculative_sample_batch(DRAFT, TARGET, prompts, n, keys, K=K, temperature=0.8,
+                                                 stop_at_eos=True, policy=drafting)  # the same program: a policy is data
     assert np.asarray(trace.k[:, 0]).all()  # the control: this prior drafts from the first iteration
 
 
