@@ -131,6 +131,10 @@ def test_colours_on_a_terminal_and_no_color(monkeypatch):
     out = FakeTerminal()
     show(out, tokenizer, [], step, "speculative", "")
     assert out.getvalue() == tokenizer.decode([40, 41, 42])
+    out = FakeTerminal()  # autoregressive decoding's steps (tokens alone), shown plain on a terminal too
+    monkeypatch.delenv("NO_COLOR")
+    show(out, tokenizer, [], Step(tokens=[40]), "autoregressive", "")
+    assert out.getvalue() == tokenizer.decode([40])
 
 
 def bad_checkpoint(tmp_path, kind):

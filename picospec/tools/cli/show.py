@@ -21,7 +21,7 @@ def show(out, tokenizer, tokens: list[int], step: Step, mode: str, text: str) ->
     pieces, seen = [], tokens[:]
     for i, token in enumerate(step.tokens):
         kind = "accepted" if i < step.accepted else extra_kind(step)
-        if kind == "resample" and colour:  # show the draft's rejected guess, struck through
+        if kind == "resample" and colour and mode == "speculative":  # the draft's rejected guess, struck out
             pieces.append(paint(tokenizer.decode(seen + [step.drafted[i]])[len(text):], "rejected"))
         seen.append(token)
         new_text = tokenizer.decode(seen)
