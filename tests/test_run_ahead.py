@@ -13,6 +13,7 @@ import pytest
 from conftest import early_exit, random_model
 from round_trips import trips
 
+from picospec import load_head, load_model
 from picospec.beyond.batch import batch_buffers
 from picospec.sampling import Sampling
 from picospec.tools.cli.stream import stream
@@ -88,6 +89,10 @@ def test_how_many_a_dispatch_follows_the_weights_an_iteration_reads():
     target_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(TARGET))
     assert iterations.weights_read((DRAFT, TARGET), 3) == target_bytes + 3 * draft_bytes
     assert np.isclose(iterations.weights_read((TARGET,), 0), target_bytes)
+    target = load_model("tiny-target")  # an EAGLE head holds its target's weights: the target's call reads them
+    head = load_head("tiny-head", target)
+    target_bytes, head_bytes = (sum(x.nbytes for x in jax.tree_util.tree_leaves(m)) for m in (target, head.params))
+    assert iterations.weights_read((head, target), 3) == target_bytes + 3 * head_bytes
 
 
 @pytest.mark.parametrize("B", [1, 2])

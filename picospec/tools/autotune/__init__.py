@@ -1,8 +1,8 @@
 """`--K auto`'s tuner: the policy (picospec/beyond/policy.py) made for this machine, pair, batch and run.
 The CLI compiles its iterations, then hands them here (cli/stream.py calls `tune`): their costs are
 laps of those very programs (laps.py), timed once for the machine and kept in costs.json (jit_cache.py);
-the prior is the acceptance the same laps see, on text the target writes after each prompt's first
-token, taken anew every run. A fixed K needs none of it."""
+the prior is the acceptance a lap of the same program sees after the run's own prompts, with keys of its own,
+taken anew every run. A fixed K needs none of it."""
 
 import dataclasses
 
@@ -46,7 +46,8 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
         warm(step, draft, target, start, lap_end, sampling)
     found = remembered(key, lambda: laps.costs(step, alone, draft, target, start, lap_end, sampling))
-    prior = laps.evidence(laps.lap(step, alone, draft, target, start, lap_end, sampling, K)[1])
+    own = init(laps.force(draft, K), target, tokens, n_prompt, laps.other_keys(keys))  # the prompts, other keys
+    prior = laps.evidence(laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1])
     policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
                                  prefill=jnp.float32(found["prefill"]))
     return dataclasses.replace(draft, policy=policy), found | {"prior": prior}
