@@ -20,7 +20,7 @@ from test_verifiers import add, block_law, token_law
 import picospec
 from picospec import Sampling
 from picospec.autoregressive import buffers, prefill
-from picospec.beyond import loop
+from picospec.beyond import eagle, loop
 from picospec.beyond.adaptive import AdaptiveDraft
 from picospec.beyond.eagle import (
     HeadDraft,
@@ -173,6 +173,28 @@ def test_with_K_auto_the_head_drafts_k_of_K_and_reads_only_true_features():
     k = np.asarray(state.trace.k[:int(state.trace.n_steps)])
     assert worst < 1e-4 and len(set(k.tolist())) > 1  # the features of the k scored positions, k moving
     assert int(state.n) > len(PROMPT) + 10  # drafts accepted along the way
+
+
+def test_with_K_auto_the_heads_calls_stop_at_k_with_the_drafts_of_K(monkeypatch):
+    """On the CPU the head under --K auto calls itself k times (its catch-up and k - 1 more), not K: its first k
+    drafts and their p are those of K drafts from the same key (adaptive.py cuts the rows past k). The calls are
+    counted as they run; the control: k = K makes them all."""
+    K, calls = 5, []
+
+    def counted(*args, **kwargs):
+        jax.debug.callback(lambda: calls.append(1))
+        return head_forward(*args, **kwargs)
+    tokens, prefill_len, max_len = buffers(PROMPT, 30, K, TARGET.config)
+    state = loop.start(HEAD, TARGET, tokens, len(PROMPT), jax.random.key(1), K, prefill_len, max_len)
+    monkeypatch.setattr(eagle, "head_forward", counted)
+    full = HEAD.propose(state, jax.random.key(2), K, Sampling(1.0))
+    for k in (1, 3, K):
+        calls.clear()
+        cut = jax.block_until_ready(HEAD.propose(state, jax.random.key(2), K, Sampling(1.0), k=jnp.int32(k)))
+        jax.effects_barrier()
+        np.testing.assert_array_equal(cut.drafted[:k], full.drafted[:k])
+        np.testing.assert_allclose(cut.p[:k], full.p[:k], atol=1e-6)
+        assert len(calls) == k
 
 
 @pytest.mark.slow  # 6,000 runs of the adaptive loop

@@ -79,7 +79,8 @@ class AdaptiveDraft:
         if isinstance(self.draft, ModelDraft):  # a model stops drafting, and saves its calls
             return propose_up_to(self.draft.model, state.tokens, state.n, state.draft_cache, key, K, k,
                                  self.policy.threshold, sampling, self.agree)
-        proposal = self.draft.propose(state, key, K, sampling)  # a lookup costs nothing: just cut it
+        up_to = dict(k=k) if getattr(self.draft, "stops_at_k", False) else {}  # a draft that can stop at k does
+        proposal = self.draft.propose(state, key, K, sampling, **up_to)  # a lookup costs nothing: just cut it
         k = jnp.minimum(k, proposal.k)
         return proposal._replace(p=jnp.where(jnp.arange(K)[:, None] < k, proposal.p, 0.0), k=k)
 

@@ -25,8 +25,8 @@ slots came from *predicted* features, so step 5 rolls its length back to the tru
 next iteration's first head call (`catch_up`) feeds the pairs of true features for the tokens just
 accepted: 1 to K + 1 of them, fed as K + 1 rows (the rows past the sequence are scratch, beyond the
 length), as Part I's catch-up feeds two. Both caches roll back as Part I's do: by moving a length.
-With `--K auto` the head drafts K, cut to the policy's k, and the target scores the k + 1 positions
-it needs (score_first.py), handing their features over alike (`adaptive_head_step`); trees: eagle_tree.py.
+With `--K auto` the head drafts the policy's k (on accelerators: K, cut to k), and the target scores the k + 1
+positions it needs (score_first.py), handing their features over alike (`adaptive_head_step`); trees: eagle_tree.py.
 """
 
 from dataclasses import dataclass
@@ -40,6 +40,7 @@ from picospec import gpt2
 from picospec.beyond.adaptive import AdaptiveDraft, or_target_alone
 from picospec.beyond.loop import Proposal, advance
 from picospec.beyond.score_first import attention_apart, score_first
+from picospec.fastpath import branch_on_cpu
 from picospec.gpt2 import GPT2Config, KVCache, Model
 from picospec.sampling import Sampling, logits_to_probs, sample
 from picospec.speculative import accept_or_resample
@@ -61,6 +62,7 @@ class HeadDraft:
     config: GPT2Config  # the target's shape (the head is as wide as the target, with its heads)
     target: Model | None = None
     may_stop = False  # it drafts until the end
+    stops_at_k = True  # propose takes --K auto's k
 
     def for_target(self, target: Model) -> "HeadDraft":
         return HeadDraft(self.params, self.config, target)
@@ -76,18 +78,25 @@ class HeadDraft:
                                    HeadCache([empty], [empty], jnp.int32(0), features))
         return cache._replace(length=n - 1)  # slot n - 1's pair is the first iteration's catch-up
 
-    def propose(self, state, key, K: int, sampling: Sampling) -> Proposal:
-        """Step 1: d_0..d_{K-1}, d_i ~ p[i], one head call each (the first also catches up)."""
+    def propose(self, state, key, K: int, sampling: Sampling, k=None) -> Proposal:
+        """Step 1: d_0..d_{K-1}, d_i ~ p[i], one head call each (the first also catches up). k (int32 [], `--K
+        auto`'s choice): on the CPU the calls stop once d_{k-1} is drawn (adaptive.py cuts the rows past it)."""
         keys, greedy = jax.random.split(key, K), sampling.greedy
         g, p_first, cache = catch_up(self, state.tokens, state.n, state.draft_cache, K, sampling)
 
-        def draft_step(carry, key_i):  # sample d_i from p[i], feed (g, d_i), get the next feature and p[i+1]
-            cache, g, p_i = carry
+        def draft_step(carry, step):  # sample d_i from p[i], feed (g, d_i), get the next feature and p[i+1]
+            (cache, g, p_i), (key_i, i) = carry, step
             d_i = sample(key_i, p_i, greedy)
-            g_next, logits, cache = head_forward(self, g[None], d_i[None], cache)  # [1, C], [1, V]
-            return (cache, g_next[0], logits_to_probs(logits[0], sampling)), (d_i, p_i)
 
-        (_, _, p_last), (drafted, p) = jax.lax.scan(draft_step, (cache, g, p_first), keys[:K - 1])
+            def feed(cache, g):
+                g_next, logits, cache = head_forward(self, g[None], d_i[None], cache)  # [1, C], [1, V]
+                return cache, g_next[0], logits_to_probs(logits[0], sampling)
+            if k is None:
+                return feed(cache, g), (d_i, p_i)
+            more = lambda cache, g: jax.lax.cond(i + 1 < k, feed, lambda cache, g: (cache, g, p_i), cache, g)  # noqa: E731
+            return branch_on_cpu(more, feed, cache, g), (d_i, p_i)  # elsewhere, all K drafted
+
+        (_, _, p_last), (drafted, p) = jax.lax.scan(draft_step, (cache, g, p_first), (keys[:K - 1], jnp.arange(K - 1)))
         d_last = sample(keys[K - 1], p_last, greedy)
         # The drafted slots came from predicted features: the cache keeps only the true prefix.
         cache = cache._replace(length=state.n)
