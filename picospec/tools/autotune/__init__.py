@@ -40,13 +40,14 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     iterations (drafting, and the target alone), `init` its compiled start, the rest its arguments."""
     draft, target = models
     K = draft.policy.v.shape[0] - 1
-    start = init(laps.force(draft, K), target, *laps.at_first_tokens(tokens, n_prompt, keys))
-    lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # as many tokens as the run makes, after the first token
+    others = jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)  # the laps never draw with the run's own keys
+    start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # cut to the first token:
+    lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # room for every lap, as many tokens as the run makes
     key = kept_as(draft, target, tokens.shape, sampling)
     if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
         warm(step, draft, target, start, lap_end, sampling)
     found = remembered(key, lambda: laps.costs(step, alone, draft, target, start, lap_end, sampling))
-    own = init(laps.force(draft, K), target, tokens, n_prompt, laps.other_keys(keys))  # the prompts, other keys
+    own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
     prior = laps.evidence(laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1])
     policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
                                  prefill=jnp.float32(found["prefill"]))

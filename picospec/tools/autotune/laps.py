@@ -24,7 +24,6 @@ import time
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from picospec.beyond.policy import ALIKE
@@ -84,11 +83,3 @@ def evidence(report) -> tuple[float, float]:
     scale = min(1.0, PRIOR / max(s + f, 1e-9))
     return s * scale, f * scale
 
-
-def at_first_tokens(tokens, n_prompt, keys):
-    """The timed laps' start: each row's prompt cut to its first token (room for every lap), other keys."""
-    return tokens, jnp.ones_like(n_prompt), other_keys(keys)
-
-
-def other_keys(keys):  # [B] keys, each folded anew: the laps never draw with the run's own
-    return jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)
