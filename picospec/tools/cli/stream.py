@@ -63,16 +63,13 @@ def force(draft, k: int):
     return dataclasses.replace(draft, policy=dataclasses.replace(draft.policy, v=v))
 
 
-def warm(step, draft, target, state, n_end, sampling) -> float:
+def warm(step, draft, target, state, n_end, sampling):
     """Run the compiled iteration once for every block size the target may score (score_first's
-    lax.switch) on copies of the state; returns the seconds. XLA:CPU prepares each branch on its first
-    run, ~25 ms a branch on the bundled pair: start-up work, left out it lands in the first iteration
-    that drafts that many."""
-    t0 = time.perf_counter()
+    lax.switch) on copies of the state. XLA:CPU prepares each branch on its first run, ~25 ms a branch on
+    the bundled pair: start-up work, left out it lands in the first iteration that drafts that many."""
     for size in score_sizes(draft.policy.v.shape[0] - 1, least=1):  # k = size - 1 >= 1 drafts
         jax.block_until_ready(step((force(draft, size - 1), target), jax.tree_util.tree_map(copy, state), n_end,
                                    sampling))
-    return time.perf_counter() - t0
 
 
 copy = partial(jax.device_put, may_alias=False)  # a buffer copy: the programs donate their state
@@ -107,8 +104,9 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         models, iteration = (draft, target), on_device.speculative_iteration
         options = dict(K=K, eos_id=eos_id, verify=rule, step=step)
         begin, begin_options = on_device.speculative_starts, dict(K=K, **sizes)
-    init, s1 = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
-                           warm=len(prompts) * prefill_len <= WARM_TOKENS)
+    t_compiling = time.perf_counter()  # compiling, and (--K auto) tuning: all but the prefill the clock starts from
+    init, _ = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
+                          warm=len(prompts) * prefill_len <= WARM_TOKENS)
     t0 = time.perf_counter()
     state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
     prefill_seconds = time.perf_counter() - t0
@@ -126,19 +124,18 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
                        dict(eos_id=eos_id), n=n_alone)
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
         alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
-    step, s2 = program(models, state, iteration, options)
+    step, _ = program(models, state, iteration, options)
     if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto and tune is None:  # each block size auto may
-        s2 += warm(step, *models, state, n_end, sampling)  # score, prepared (tune does it for --K auto)
+        warm(step, *models, state, n_end, sampling)  # score, prepared (tune does it for --K auto)
     if tune is not None:  # time the compiled iterations, and start again with the policy they tune
-        t0, (alone, _) = time.perf_counter(), alone_compiled.result()
+        alone = alone_compiled.result()[0]
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
         draft, timing.tuned = tune(step, alone_step, models, init, tokens, n_prompt, keys, n_end, sampling)
         models, timing.policy = (draft, target), draft.policy
-        s2 += time.perf_counter() - t0
         t0 = time.perf_counter()
         state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
         prefill_seconds = time.perf_counter() - t0
-    timing.compile_seconds += s1 + s2
+    timing.compile_seconds += time.perf_counter() - t_compiling - prefill_seconds
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
     state, report = step(models, state, n_end, sampling)
