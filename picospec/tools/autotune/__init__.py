@@ -41,8 +41,8 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     draft, target = models
     K = draft.policy.v.shape[0] - 1
     others = jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)  # the laps never draw with the run's own keys
-    start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # cut to the first token:
-    lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # room for every lap, as many tokens as the run makes
+    start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # from each first token,
+    lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # so that every lap has room: the run's n_tokens and more
     key = kept_as(draft, target, tokens.shape, sampling)
     if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
         warm(step, draft, target, start, lap_end, sampling)
