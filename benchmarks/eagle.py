@@ -102,6 +102,7 @@ def cli_race(rounds: int, temperatures) -> list[dict]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ks", default="2,4,7")
+    parser.add_argument("--drafts", default="tiny-draft,tiny-head", help="the drafts raced")
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n-tokens", type=int, default=64)
@@ -111,13 +112,15 @@ def main(argv=None):
     parser.add_argument("--out", default="eagle.json")
     args = parser.parse_args(argv)
     target, ks, n = picospec.load_model("tiny-target"), [int(k) for k in args.ks.split(",")], args.n_tokens
-    drafts = {"tiny-draft": picospec.load_model("tiny-draft"), "tiny-head": picospec.load_head("tiny-head", target)}
+    loaders = {"tiny-draft": lambda: picospec.load_model("tiny-draft"),
+               "tiny-head": lambda: picospec.load_head("tiny-head", target)}
+    drafts = {name: loaders[name]() for name in args.drafts.split(",")}
     prompts = bundled_prompts(args.prompts)
     print(f"Machine: {cpu_name()}; jax {jax.__version__}; tiny-target; {n} tokens after each of {len(prompts)} "
           f"held-out prompts, one a call; each contender's fastest of {args.rounds} rounds\n")
     report = {"machine": cpu_name(), "jax": jax.__version__, "n_tokens": n, "prompts": len(prompts), "rows": []}
 
-    fns = step_fns(drafts["tiny-draft"], drafts["tiny-head"], target)
+    fns = step_fns(picospec.load_model("tiny-draft"), picospec.load_head("tiny-head", target), target)
     seconds = {name: step_seconds(*fn) for name, fn in fns.items()}
     counts = {name: kernels(*fn) for name, fn in fns.items()}
     call, cache = (lambda t, c: forward(target, t, c)[0]), fns["target"][2]

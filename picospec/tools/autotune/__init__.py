@@ -5,16 +5,19 @@ the prior is the acceptance a lap of the same program sees after the run's own p
 taken anew every run. A fixed K needs none of it."""
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from picospec.beyond.adaptive import AdaptiveDraft
 from picospec.beyond.policy import Policy, fixed
 from picospec.gpt2 import Model
+from picospec.tools import samplers
 from picospec.tools.autotune import laps
 from picospec.tools.cli import options
-from picospec.tools.cli.stream import Timing, stream, warm
+from picospec.tools.cli.stream import warm
 from picospec.tools.jit_cache import is_kept, remembered
 from picospec.tools.memory import run_device
 from picospec.tools.programs import source_digest
@@ -46,7 +49,8 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     key = kept_as(draft, target, tokens.shape, sampling)
     if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
         warm(step, draft, target, start, lap_end, sampling)
-    found = remembered(key, lambda: laps.costs(step, alone, draft, target, start, lap_end, sampling))
+    found = remembered(key, lambda: laps.costs(lambda k: laps.lap(step, alone, draft, target, start, lap_end,
+                                                                  sampling, k)[0], K))
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
     prior = laps.evidence(laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1])
     policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
@@ -55,14 +59,33 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
 
 
 def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None) -> Policy:
-    """The policy --K auto runs these prompts with (stream.py's start, then `tune`), for the library's samplers."""
-    timing = Timing()
-    keys = jax.random.split(jax.random.key(0), len(prompts)) if keys is None else keys
-    run = stream(draft, target, prompts, n_tokens, keys, K=options.AUTO_K_MAX, sampling=sampling,
-                 policy=untuned(options.AUTO_K_MAX, n_tokens), tune=tune, timing=timing)
-    next(run)
-    run.close()
-    return timing.policy
+    """The policy --K auto gives the library's samplers for these prompts (speculative_sample, or _batch for
+    several), from laps of those very loops, as `tune` laps the CLI's programs (whose iterations carry the
+    stream's reports, and cost otherwise): whole runs, the policy forced to each k (k = 0: it stops at once,
+    the target alone), kept in costs.json; the prior from a run drafting K_max, with keys of its own."""
+    K, B = options.AUTO_K_MAX, len(prompts)
+    keys = jax.random.split(jax.random.key(0), B) if keys is None else keys
+    policy = untuned(K, n_tokens)
+    flags = dict(K=K, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+
+    def run(k, keys):  # (seconds an iteration, the trace, [B, R, ...]) drafting k
+        forced = dataclasses.replace(policy, v=jnp.where(jnp.arange(K + 1) == k, 1.0, jnp.inf).astype(jnp.float32))
+        t0 = time.perf_counter()
+        out, trace = (samplers.speculative_sample(draft, target, prompts[0], n_tokens, keys[0], policy=forced, **flags)
+                      if B == 1 else samplers.speculative_sample_batch(draft, target, prompts, n_tokens, keys,
+                                                                       policy=forced, **flags))
+        out.block_until_ready()
+        trace = jax.device_get(trace if B > 1 else jax.tree_util.tree_map(lambda x: x[None], trace))
+        return (time.perf_counter() - t0) / int(trace.n_steps.max()), trace
+
+    key = kept_as(AdaptiveDraft(draft, policy), target, (B, n_tokens), sampling)  # prompts of any length alike
+    found = remembered(f"{key}:library", lambda: laps.costs(lambda k: run(k, keys)[0], K))
+    trace = run(K, jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys))[1]  # a row's fields [B, R, ...]
+    ran = np.arange(trace.k.shape[1])[:, None] < trace.n_steps  # [R, B], as a lap's report (laps.evidence)
+    rows = trace._replace(**{name: getattr(trace, name).swapaxes(0, 1) for name in ("beta", "n_accepted", "k")})
+    prior = laps.evidence((ran, None, rows))
+    return dataclasses.replace(policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
+                               prefill=jnp.float32(found["prefill"]))
 
 
 def describe(model) -> str:

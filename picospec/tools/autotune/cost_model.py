@@ -20,7 +20,7 @@ def blocks(K: int) -> list[int]:
 
 def worth_timing(K: int) -> list[int]:
     """The k a timing needs: 0, each block's most drafts, and the fewest of the last block holding two k or more
-    (K = 7: 0, 1, 3, 4, 7): one v_block each, and c from two k of one block. The k between follow from the
+    (K = 7: 0, 3, 4, 7): one v_block each, and c from two k of one block. The k between follow from the
     fit and take as long to time."""
     b = blocks(K)  # b[k - 1]: the block of k drafts
     ends = {k for k in range(1, K + 1) if k == K or b[k] != b[k - 1]}

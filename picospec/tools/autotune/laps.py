@@ -21,7 +21,6 @@ which prompts draft well (12 held-out prompts, a 2-core Xeon).
 """
 
 import time
-from functools import partial
 
 import jax
 import numpy as np
@@ -45,18 +44,18 @@ def lap(step, alone, draft, target, state, n_end, sampling, k: int):
     return (time.perf_counter() - t0) / max(int(report[0].any(-1).sum()), 1), report
 
 
-def costs(step, alone, draft, target, state, n_end, sampling) -> dict:
-    """{"v": [K_max + 1] iteration costs in units of k = 0's, "spread": what was added to each k >= 1,
-    "prefill": the draft's prefill in those units, "ms": k = 0's fastest lap, milliseconds an iteration}."""
-    K, timed = draft.policy.v.shape[0] - 1, partial(lap, step, alone, draft, target, state, n_end, sampling)
+def costs(timed, K: int) -> dict:
+    """{"v": [K + 1] iteration costs in units of k = 0's, "spread": what was added to each k >= 1,
+    "prefill": the draft's prefill in those units, "ms": k = 0's fastest lap, milliseconds an iteration}.
+    timed(k): seconds an iteration of a lap drafting k took (the CLI's: `lap`; the library's loop: autotune)."""
     ks = worth_timing(K)
     for k in ks + [0]:  # first laps, not counted: a program's first runs (a branch's) prepare it
         timed(k)
     rounds, t0 = [], time.perf_counter()
     while len(rounds) < MAX_ROUNDS and (len(rounds) < MIN_ROUNDS or time.perf_counter() - t0 < SECONDS):
         order = ks[1:] if len(rounds) % 2 == 0 else ks[:0:-1]  # a place in the round tells on a time: alternate
-        first = timed(0)[0]  # k = 0 at both ends of the round: its laps are the shortest, and so the noisiest
-        rounds.append({k: timed(k)[0] for k in order} | {0: min(first, timed(0)[0])})
+        first = timed(0)  # k = 0 at both ends of the round: its laps are the shortest, and so the noisiest
+        rounds.append({k: timed(k) for k in order} | {0: min(first, timed(0))})
     halves = ratios(rounds[0::2], ks, K), ratios(rounds[1::2], ks, K)  # how far the estimate moves with half the
     spread = float(np.nanmedian(np.abs(halves[0] - halves[1])[1:])) / np.sqrt(2)  # rounds, and so with all of them
     v = never_less(per_block(ratios(rounds, ks, K).tolist()))
