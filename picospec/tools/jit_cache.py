@@ -58,11 +58,6 @@ def remembered(key: str, compute) -> dict:
     return known[key]
 
 
-def is_kept(key: str) -> bool:
-    """Whether costs.json holds what `remembered(key, ...)` would otherwise compute."""
-    return isinstance(kept()[1].get(key), dict)
-
-
 def kept() -> tuple[Path | None, dict]:
     """costs.json's path (None: the cache is off) and what it holds ({}: nothing, or unreadable)."""
     folder = cache_folder()

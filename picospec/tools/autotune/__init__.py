@@ -18,7 +18,7 @@ from picospec.tools import samplers
 from picospec.tools.autotune import laps
 from picospec.tools.cli import options
 from picospec.tools.cli.stream import warm
-from picospec.tools.jit_cache import is_kept, remembered
+from picospec.tools.jit_cache import remembered
 from picospec.tools.memory import run_device
 from picospec.tools.programs import source_digest
 
@@ -41,16 +41,13 @@ def untuned(K_max: int, n_tokens: int, threshold: float = 0.0) -> Policy:
 def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     """(the draft with its policy tuned, what it was tuned from): `step` and `alone` are the run's compiled
     iterations (drafting, and the target alone), `init` its compiled start, the rest its arguments."""
-    draft, target = models
-    K = draft.policy.v.shape[0] - 1
+    (draft, target), K = models, models[0].policy.v.shape[0] - 1
     others = jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)  # the laps never draw with the run's own keys
     start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # from each first token,
     lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # so that every lap has room: the run's n_tokens and more
-    key = kept_as(draft, target, tokens.shape, sampling)
-    if is_kept(key):  # each block size auto may score, prepared (the laps do it when they run)
-        warm(step, draft, target, start, lap_end, sampling)
-    found = remembered(key, lambda: laps.costs(lambda k: laps.lap(step, alone, draft, target, start, lap_end,
-                                                                  sampling, k)[0], K))
+    warm(step, draft, target, start, lap_end, sampling)  # each block size auto may score, prepared
+    found = remembered(kept_as(draft, target, tokens.shape, sampling), lambda: laps.costs(
+        lambda k: laps.lap(step, alone, draft, target, start, lap_end, sampling, k)[0], K))
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
     prior = laps.evidence(laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1])
     policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
@@ -65,17 +62,16 @@ def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None
     the target alone), kept in costs.json; the prior from a run drafting K_max, with keys of its own."""
     K, B = options.AUTO_K_MAX, len(prompts)
     keys = jax.random.split(jax.random.key(0), B) if keys is None else keys
-    policy = untuned(K, n_tokens)
-    flags = dict(K=K, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    policy, flags = untuned(K, n_tokens), dict(K=K, temperature=sampling.temperature, top_k=sampling.top_k,
+                                               top_p=sampling.top_p)
 
-    def run(k, keys):  # (seconds an iteration, the trace, [B, R, ...]) drafting k
-        forced = dataclasses.replace(policy, v=jnp.where(jnp.arange(K + 1) == k, 1.0, jnp.inf).astype(jnp.float32))
+    def run(k, keys):  # (seconds an iteration, the trace, fields [B, R, ...]) drafting k
+        flags["policy"] = laps.force(AdaptiveDraft(draft, policy), k).policy
         t0 = time.perf_counter()
-        out, trace = (samplers.speculative_sample(draft, target, prompts[0], n_tokens, keys[0], policy=forced, **flags)
-                      if B == 1 else samplers.speculative_sample_batch(draft, target, prompts, n_tokens, keys,
-                                                                       policy=forced, **flags))
-        out.block_until_ready()
-        trace = jax.device_get(trace if B > 1 else jax.tree_util.tree_map(lambda x: x[None], trace))
+        trace = (samplers.speculative_sample_batch(draft, target, prompts, n_tokens, keys, **flags)[1] if B > 1 else
+                 jax.tree_util.tree_map(lambda x: x[None], samplers.speculative_sample(
+                     draft, target, prompts[0], n_tokens, keys[0], **flags)[1]))
+        trace = jax.device_get(trace)  # the host's read, when the run is done
         return (time.perf_counter() - t0) / int(trace.n_steps.max()), trace
 
     key = kept_as(AdaptiveDraft(draft, policy), target, (B, n_tokens), sampling)  # prompts of any length alike
@@ -88,18 +84,13 @@ def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None
                                prefill=jnp.float32(found["prefill"]))
 
 
-def describe(model) -> str:
-    if not isinstance(model, Model):
-        return type(model).__name__
-    c = model.config
-    return (f"L{c.n_layer}H{c.n_head}C{c.n_embd}V{c.vocab_size}P{c.n_positions}"
-            f"-{model.params['wte']['weight'].dtype}")
-
-
 def kept_as(draft, target: Model, shape, sampling) -> str:
     """The key in costs.json of these costs: the machine, the pair, K_max, the rows and their buffers, how
     tokens are sampled, and picospec's source (an edit may change what an iteration costs)."""
     device, K = run_device(), draft.policy.v.shape[0] - 1
+    describe = lambda m: type(m).__name__ if not isinstance(m, Model) else (  # noqa: E731
+        f"L{m.config.n_layer}H{m.config.n_head}C{m.config.n_embd}V{m.config.vocab_size}P{m.config.n_positions}"
+        f"-{m.params['wte']['weight'].dtype}")
     mode = "greedy" if sampling.greedy else f"sampled-k{sampling.top_k > 0:d}-p{sampling.top_p < 1:d}"
     inner = getattr(draft.draft, "model", draft.draft)
     return (f"{device.platform}:{device.device_kind}:{describe(inner)}:{describe(target)}:K{K}:B{shape[0]}"
@@ -107,11 +98,10 @@ def kept_as(draft, target: Model, shape, sampling) -> str:
 
 
 def explain(tuned: dict, steps) -> dict:
-    """What --K auto decided and why, for --json: the k it drafted (iterations of each, all rows), the
-    acceptance it saw (accepted over judged drafts: those up to the first rejection), and what it decided
-    from: the prior (a row's share of judged drafts, successes and failures), the iteration costs weighed
-    (k = 0..K_max, in units of k = 0's, which took `ms`), the spread added to them; stopped: drafting ended for
-    good (k = 0)."""
+    """What --K auto decided and why, for --json: the k it drafted (iterations of each, all rows), the acceptance
+    it saw (accepted over judged drafts: those up to the first rejection), and what it decided from: the prior (a
+    row's share of judged drafts, successes and failures), the iteration costs weighed (k = 0..K_max, in units of
+    k = 0's, which took `ms`), the spread added to them; stopped: drafting ended for good (k = 0)."""
     ks = [s.k if s.proposed else 0 for s in steps]
     judged = sum(min(s.accepted + 1, s.k) for s in steps if s.proposed)
     return {"k_chosen": {str(k): ks.count(k) for k in sorted(set(ks))},

@@ -77,8 +77,7 @@ def evidence(report) -> tuple[float, float]:
     K = rows.beta.shape[-1]
     judged = (np.arange(K) <= rows.n_accepted[..., None]) & (np.arange(K) < rows.k[..., None])  # [n, B, K]
     judged &= ran[..., None] & (np.arange(len(ran)) > 0)[:, None, None]
-    s, f = float((judged * rows.beta).sum()), float((judged * (1 - rows.beta)).sum())
-    s, f = s / ran.shape[1], f / ran.shape[1]
+    s, f = (float((judged * x).sum()) / ran.shape[1] for x in (rows.beta, 1 - rows.beta))
     scale = min(1.0, PRIOR / max(s + f, 1e-9))
     return s * scale, f * scale
 
