@@ -184,3 +184,33 @@ def test_a_prior_from_the_laps_can_stop_drafting_before_the_first_call_and_stays
     assert float(sure.prior[1]) == 0 and float(sure.prior[0]) > 0
     _, trace = picospec.speculative_sample(target, target, prompt, 20, jax.random.key(0), K=3, temperature=0, policy=sure)
     assert np.asarray(trace.k[:2]).all()
+
+
+def test_the_librarys_policy_is_timed_on_the_librarys_own_loop_and_kept(monkeypatch, tmp_path):
+    """policy_for's laps are runs of the library's sampler, the policy forced to k: k = 0 never drafts (the
+    target alone), k = 3 drafts 3 a call; the costs they give are the policy's, kept in costs.json, and a
+    prompt of another length with the same --n-tokens reads them (timing again fails the test)."""
+    monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path))
+    target = random_model(seed=3, vocab_size=16, n_layer=2, n_positions=128, std=0.3)
+    draft = random_model(seed=9, vocab_size=16, n_layer=1, n_positions=128, std=0.3)
+    drafted, costs = {}, {"v": [1.0, 1.5, 1.75, 2.0, 2.5, 2.75, 3.0, 3.25], "spread": 0.0, "prefill": 0.5, "ms": 1.0,
+                          "rounds": 0}
+    run = picospec.tools.samplers.speculative_sample
+
+    def recording(*args, **kwargs):  # the laps' runs: what each drafted a call
+        out, trace = run(*args, **kwargs)
+        forced = int(np.argmin(np.asarray(kwargs["policy"].v)))  # the k the run was forced to
+        drafted.setdefault(forced, set()).update(np.asarray(trace.k[:int(trace.n_steps)]).tolist())
+        return out, trace
+    monkeypatch.setattr(picospec.tools.samplers, "speculative_sample", recording)
+
+    def laps_of(timed, K):  # k = 0 and 3 in turn, as laps.costs runs them
+        assert K == options.AUTO_K_MAX and timed(0) > 0 and timed(3) > 0
+        return costs
+    monkeypatch.setattr(laps, "costs", laps_of)
+    policy = autotune.policy_for(draft, target, [[1, 4, 2, 7]], 20, Sampling(0.8))
+    assert drafted == {0: {0}, 3: {3}, 7: {7}}  # the laps, and the prior's run drafting K_max
+    assert np.asarray(policy.v).tolist() == costs["v"] and float(policy.prefill) == 0.5
+    monkeypatch.setattr(laps, "costs", lambda *args: pytest.fail("timed again"))
+    again = autotune.policy_for(draft, target, [[1, 4, 2, 7, 3, 5]], 20, Sampling(0.8))
+    assert np.asarray(again.v).tolist() == costs["v"]
