@@ -87,7 +87,7 @@ def in_process(prompts: list[str], K: int, against: str, T: float, rounds: int, 
     ratios = []
     for text in prompts:
         prompt = tokenizer.encode(text).ids
-        policy = policy_for(draft, target, [prompt], 200, sampling)  # as the CLI tunes it: --n-tokens 200
+        policy = policy_for(draft, target, [prompt], 200, sampling)  # timed on the library's loop: 200 tokens
 
         def run(**kw):
             return lambda: jax.block_until_ready([picospec.speculative_sample(

@@ -147,7 +147,7 @@ def main(argv=None):
                                                                                           temperature=T)
                                                               for p, k in zip(prompts, keys)]
         for name, draft in ([] if args.no_auto else drafts.items()):
-            policies = [policy_for(draft, target, [p], n, Sampling(T)) for p in prompts]  # as the CLI tunes them
+            policies = [policy_for(draft, target, [p], n, Sampling(T)) for p in prompts]  # timed on these loops
             contenders[(name, "auto")] = lambda d=draft, policies=policies: [
                 picospec.speculative_sample(d, target, p, n, k, K=AUTO_K_MAX, temperature=T, policy=policy)
                 for p, k, policy in zip(prompts, keys, policies)]

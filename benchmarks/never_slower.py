@@ -13,8 +13,8 @@ the one auto trails most by the median of the first half of the rounds' ratios, 
 the other half: chosen and measured on the same rounds, the best of seven noisy contenders looks faster
 than it is (the winner's curse). Autoregressive decoding runs twice a round, as two contenders: their
 ratio is the noise floor of the row. auto compiles for K_max = 7 (the
-CLI's) with the policy the CLI tunes for each set (tools/autotune/: laps of its own programs for this B,
-kept, and their drafts' acceptance as the prior), knowing the n tokens each row makes. Printed: one markdown
+CLI's) with the policy `--K auto` gives the library for each set (tools/autotune/policy_for: laps of the
+library's own loop for this B, kept, and a run's drafts' acceptance as the prior), knowing the n tokens each row makes. Printed: one markdown
 row per (T, B) with tokens/s of autoregressive decoding, the best fixed K, and auto (each its fastest
 round of the second half), and auto's ratios to them: of the fastest rounds, and the median of the rounds'
 ratios (both contenders in one round meet the same spell of a noisy machine).

@@ -16,7 +16,7 @@ Contenders for a budget M (each scores M + 1 positions: the newest token and M d
                under their rank law on the prompts, its confidence calibrated there (dynamic.calibration).
 Tokens per call: the mean over --runs keys per prompt (one batch each). Theory: tokens per call of the
 shape under that rank law (tree_theory.tree_tokens_per_call). Tokens/s: the
-compiled loop on each prompt and key in turn, contenders raced round after round (costs.race_laps), best
+compiled loop on each prompt and key in turn, contenders raced round after round (timing.race_laps), best
 of --rounds.
 """
 
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from bench_report import cpu_name
-from timing import forward_times
+from timing import forward_times, race_laps
 
 import picospec
 from picospec import Sampling
@@ -39,7 +39,6 @@ from picospec.beyond.dynamic import Grown, calibration, grown
 from picospec.beyond.tree import Shape, branches, feed
 from picospec.gpt2 import forward, init_cache
 from picospec.sampling import logits_to_probs
-from picospec.tools.autotune.costs import race_laps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from adaptive import gpt2_shaped  # noqa: E402
