@@ -94,12 +94,12 @@ def test_ratios_that_move_between_rounds_raise_drafting_by_their_spread(monkeypa
 
 
 def report(beta, n_accepted, k, ran):
-    """A lap's report, as the stream reads it: [n, B] fields."""
+    """(which rows ran, their rows) of a lap's report, as laps.evidence reads them: [n, B] fields."""
     n, B, K = beta.shape
     zeros = np.zeros((n, B, K))
     rows = Trace(zeros.astype(int), np.int32(k), np.int32(n_accepted), zeros[..., 0], zeros, zeros, zeros, zeros,
                  zeros, np.float32(beta), 0, np.ones((n, B, 2), bool))
-    return np.bool_(ran), np.bool_(ran), rows
+    return np.bool_(ran), rows
 
 
 def test_the_prior_is_what_the_laps_drafts_were_judged_after_their_first_iteration():
@@ -107,9 +107,9 @@ def test_the_prior_is_what_the_laps_drafts_were_judged_after_their_first_iterati
     failures, a row's share; a row's first iteration (one token of context) and iterations that did not
     run count nothing; more than PRIOR judged drafts count as PRIOR."""
     beta = np.float32([[[0.1, 0.1, 0.1]], [[0.9, 0.5, 0.2]], [[1.0, 1.0, 1.0]], [[0.3, 0.3, 0.3]]])  # [4, 1, 3]
-    s, f = laps.evidence(report(beta, [[3], [1], [3], [0]], [[3], [3], [3], [3]], [[True], [True], [True], [False]]))
+    s, f = laps.evidence(*report(beta, [[3], [1], [3], [0]], [[3], [3], [3], [3]], [[True], [True], [True], [False]]))
     assert (s, f) == pytest.approx((0.9 + 0.5 + 3.0, 0.1 + 0.5))  # iteration 1: d_0, d_1 judged; 2: all three
-    many = laps.evidence(report(np.full((40, 2, 3), 0.75, np.float32), np.full((40, 2), 3), np.full((40, 2), 3),
+    many = laps.evidence(*report(np.full((40, 2, 3), 0.75, np.float32), np.full((40, 2), 3), np.full((40, 2), 3),
                                 np.ones((40, 2), bool)))
     assert many == pytest.approx((0.75 * laps.PRIOR, 0.25 * laps.PRIOR))  # 117 judged a row: capped
 

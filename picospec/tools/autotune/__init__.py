@@ -49,7 +49,8 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     found = remembered(kept_as(draft, target, tokens.shape, sampling), lambda: laps.costs(
         lambda k: laps.lap(step, alone, draft, target, start, lap_end, sampling, k)[0], K))
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
-    prior = laps.evidence(laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1])
+    ran, _, rows = laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1]
+    prior = laps.evidence(ran, rows)
     policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
                                  prefill=jnp.float32(found["prefill"]))
     return dataclasses.replace(draft, policy=policy), found | {"prior": prior}
@@ -66,20 +67,20 @@ def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None
                                                top_p=sampling.top_p)
 
     def run(k, keys):  # (seconds an iteration, the trace, fields [B, R, ...]) drafting k
-        flags["policy"] = laps.force(AdaptiveDraft(draft, policy), k).policy
+        forced = dict(flags, policy=laps.force(AdaptiveDraft(draft, policy), k).policy)
         t0 = time.perf_counter()
-        trace = (samplers.speculative_sample_batch(draft, target, prompts, n_tokens, keys, **flags)[1] if B > 1 else
+        trace = (samplers.speculative_sample_batch(draft, target, prompts, n_tokens, keys, **forced)[1] if B > 1 else
                  jax.tree_util.tree_map(lambda x: x[None], samplers.speculative_sample(
-                     draft, target, prompts[0], n_tokens, keys[0], **flags)[1]))
+                     draft, target, prompts[0], n_tokens, keys[0], **forced)[1]))
         trace = jax.device_get(trace)  # the host's read, when the run is done
         return (time.perf_counter() - t0) / int(trace.n_steps.max()), trace
 
     key = kept_as(AdaptiveDraft(draft, policy), target, (B, n_tokens), sampling)  # prompts of any length alike
     found = remembered(f"{key}:library", lambda: laps.costs(lambda k: run(k, keys)[0], K))
     trace = run(K, jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys))[1]  # a row's fields [B, R, ...]
-    ran = np.arange(trace.k.shape[1])[:, None] < trace.n_steps  # [R, B], as a lap's report (laps.evidence)
+    ran = np.arange(trace.k.shape[1])[:, None] < trace.n_steps  # [R, B], as a lap's report has them
     rows = trace._replace(**{name: getattr(trace, name).swapaxes(0, 1) for name in ("beta", "n_accepted", "k")})
-    prior = laps.evidence((ran, None, rows))
+    prior = laps.evidence(ran, rows)
     return dataclasses.replace(policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
                                prefill=jnp.float32(found["prefill"]))
 

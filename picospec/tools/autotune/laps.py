@@ -70,10 +70,9 @@ def ratios(rounds, ks, K: int) -> np.ndarray:
     return np.array([fastest[k] / fastest[0] if k in ks else np.nan for k in range(K + 1)])
 
 
-def evidence(report) -> tuple[float, float]:
-    """(successes, failures), a row's share, from a lap's report: every judged draft's beta (those up to
-    and with the first rejection), after each row's first iteration, capped at PRIOR drafts."""
-    ran, _, rows, *_ = report  # [n, B] each
+def evidence(ran, rows) -> tuple[float, float]:
+    """(successes, failures), a row's share, from a lap's ran [n, B] and rows (Trace fields [n, B, ...]): every judged
+    draft's beta (up to and with the first rejection), after each row's first iteration, capped at PRIOR drafts."""
     K = rows.beta.shape[-1]
     judged = (np.arange(K) <= rows.n_accepted[..., None]) & (np.arange(K) < rows.k[..., None])  # [n, B, K]
     judged &= ran[..., None] & (np.arange(len(ran)) > 0)[:, None, None]
