@@ -17,7 +17,6 @@ from picospec.gpt2 import Model
 from picospec.tools import samplers
 from picospec.tools.autotune import laps
 from picospec.tools.cli import options
-from picospec.tools.cli.stream import warm
 from picospec.tools.jit_cache import remembered
 from picospec.tools.memory import run_device
 from picospec.tools.programs import source_digest
@@ -45,7 +44,6 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     others = jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)  # the laps never draw with the run's own keys
     start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # from each first token,
     lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # so that every lap has room: the run's n_tokens and more
-    warm(step, draft, target, start, lap_end, sampling)  # each block size auto may score, prepared
     found = remembered(kept_as(draft, target, tokens.shape, sampling), lambda: laps.costs(
         lambda k: laps.lap(step, alone, draft, target, start, lap_end, sampling, k)[0], K))
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts

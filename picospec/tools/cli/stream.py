@@ -37,7 +37,6 @@ from picospec.tools.samplers import as_tree, plug_in
 class Timing:
     compile_seconds: float = 0.0  # ahead-of-time compilation of prefill and step (and tuning --K auto)
     seconds: float = 0.0  # running them: prefill and every iteration
-    policy: object = None  # --K auto's policy, tuned
     tuned: dict | None = None  # what it was tuned from (autotune.tune)
 
 
@@ -125,13 +124,13 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
         alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
     step, _ = program(models, state, iteration, options)
-    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto and tune is None:  # each block size auto may
-        warm(step, *models, state, n_end, sampling)  # score, prepared (tune does it for --K auto)
+    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
+        warm(step, *models, state, n_end, sampling)
     if tune is not None:  # time the compiled iterations, and start again with the policy they tune
         alone = alone_compiled.result()[0]
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
         draft, timing.tuned = tune(step, alone_step, models, init, tokens, n_prompt, keys, n_end, sampling)
-        models, timing.policy = (draft, target), draft.policy
+        models = (draft, target)
         t0 = time.perf_counter()
         state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
         prefill_seconds = time.perf_counter() - t0
