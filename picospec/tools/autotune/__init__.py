@@ -41,16 +41,17 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     """(the draft with its policy tuned, what it was tuned from): `step` and `alone` are the run's compiled
     iterations (drafting, and the target alone), `init` its compiled start, the rest its arguments."""
     (draft, target), K = models, models[0].policy.v.shape[0] - 1
-    others = jax.vmap(lambda key: jax.random.fold_in(key, 1))(keys)  # the laps never draw with the run's own keys
-    start = init(laps.force(draft, K), target, tokens, jnp.ones_like(n_prompt), others)  # from each first token,
+    others = laps.other_keys(keys)  # the laps never draw with the run's own keys
+    n_end, n_prompt = np.asarray(n_end), np.asarray(n_prompt)  # on the host: nothing more to compile
+    start = init(laps.force(draft, K), target, tokens, np.ones_like(n_prompt), others)  # from each first token,
     lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # so that every lap has room: the run's n_tokens and more
     found = remembered(kept_as(draft, target, tokens.shape, sampling), lambda: laps.costs(
         lambda k: laps.lap(step, alone, draft, target, start, lap_end, sampling, k)[0], K))
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
     ran, _, rows = laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1]
     prior = laps.evidence(ran, rows)
-    policy = dataclasses.replace(draft.policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
-                                 prefill=jnp.float32(found["prefill"]))
+    policy = dataclasses.replace(draft.policy, v=np.float32(found["v"]), prior=np.float32(prior),
+                                 prefill=np.float32(found["prefill"]))
     return dataclasses.replace(draft, policy=policy), found | {"prior": prior}
 
 

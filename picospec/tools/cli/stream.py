@@ -17,7 +17,6 @@ from functools import partial
 from typing import Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from picospec.beyond.adaptive import AdaptiveDraft
@@ -57,8 +56,9 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
 
 
 def force(draft, k: int):
-    """The AdaptiveDraft whose Policy chooses k whatever alpha is (the same program: a policy is data)."""
-    v = jnp.where(jnp.arange(draft.policy.v.shape[0]) == k, 1.0, jnp.inf).astype(jnp.float32)
+    """The AdaptiveDraft whose Policy chooses k whatever alpha is (the same program: a policy is data). Made
+    with numpy: jnp's operations would each compile a small program on a first run (~0.05 s each)."""
+    v = np.where(np.arange(draft.policy.v.shape[0]) == k, 1.0, np.inf).astype(np.float32)
     return dataclasses.replace(draft, policy=dataclasses.replace(draft.policy, v=v))
 
 
@@ -112,20 +112,20 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     platform = run_device().platform
     n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), platform)
 
-    def program(models, state, iteration, options, n=n):  # n iterations a dispatch, compiled: (it, seconds)
+    def program(models, state, iteration, options, n=n, warm=True):  # n iterations a dispatch: (it, seconds)
         return compile_now(on_device.run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
-                           each=iteration, n=n, **options)
+                           warm=warm, each=iteration, n=n, **options)
 
     n_alone = on_device.run_ahead_for(on_device.weights_read((target,), 0), platform)
 
-    def alone_program():  # the target's own steps, once the draft has stopped for good (k = 0)
+    def alone_program(warm=True):  # the target's own steps, once the draft has stopped for good (k = 0)
         return program((target,), on_device.as_decode(state), on_device.autoregressive_iteration,
-                       dict(eos_id=eos_id), n=n_alone)
+                       dict(eos_id=eos_id), n=n_alone, warm=warm)
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
-        alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
-    step, _ = program(models, state, iteration, options)
-    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
-        warm(step, *models, state, n_end, sampling)
+        alone_compiled = ThreadPoolExecutor(1).submit(alone_program, False)  # of the GIL), first run in a lap
+    step, _ = program(models, state, iteration, options, warm=tune is None)  # tuning's first laps run them first
+    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto and tune is None:  # each block size auto
+        warm(step, *models, state, n_end, sampling)  # may score, prepared (tuning's first laps prepare them)
     if tune is not None:  # time the compiled iterations, and start again with the policy they tune
         alone = alone_compiled.result()[0]
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
