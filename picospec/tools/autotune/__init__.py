@@ -8,7 +8,6 @@ import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from picospec.beyond.adaptive import AdaptiveDraft
@@ -33,15 +32,16 @@ def make_policy(args):
 
 def untuned(K_max: int, n_tokens: int, threshold: float = 0.0) -> Policy:
     """Auto's policy before `tune`: every field the compiled program takes, as data of its final shapes."""
-    return Policy(jnp.float32(0), jnp.ones(K_max + 1, jnp.float32), jnp.float32(threshold),
-                  prior=jnp.zeros(2, jnp.float32), horizon=jnp.float32(n_tokens), prefill=jnp.float32(0))
+    return Policy(np.float32(0), np.ones(K_max + 1, np.float32), np.float32(threshold),  # numpy's: nothing compiled
+                  prior=np.zeros(2, np.float32), horizon=np.float32(n_tokens), prefill=np.float32(0))
 
 
 def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     """(the draft with its policy tuned, what it was tuned from): `step` and `alone` are the run's compiled
     iterations (drafting, and the target alone), `init` its compiled start, the rest its arguments."""
     (draft, target), K = models, models[0].policy.v.shape[0] - 1
-    others = laps.other_keys(keys)  # the laps never draw with the run's own keys
+    others = jax.random.wrap_key_data(np.asarray(jax.random.key_data(keys)) ^ np.uint32(0xFFFFFFFF))  # the laps'
+    # own keys, never the run's: its bits flipped (fold_in would compile a program of its own on a first run, 0.1 s)
     n_end, n_prompt = np.asarray(n_end), np.asarray(n_prompt)  # on the host: nothing more to compile
     start = init(laps.force(draft, K), target, tokens, np.ones_like(n_prompt), others)  # from each first token,
     lap_end = (n_end - n_prompt + 1).reshape(n_end.shape)  # so that every lap has room: the run's n_tokens and more
@@ -80,8 +80,8 @@ def policy_for(draft, target: Model, prompts, n_tokens: int, sampling, keys=None
     ran = np.arange(trace.k.shape[1])[:, None] < trace.n_steps  # [R, B], as a lap's report has them
     rows = trace._replace(**{name: getattr(trace, name).swapaxes(0, 1) for name in ("beta", "n_accepted", "k")})
     prior = laps.evidence(ran, rows)
-    return dataclasses.replace(policy, v=jnp.float32(found["v"]), prior=jnp.float32(prior),
-                               prefill=jnp.float32(found["prefill"]))
+    return dataclasses.replace(policy, v=np.float32(found["v"]), prior=np.float32(prior),
+                               prefill=np.float32(found["prefill"]))
 
 
 def kept_as(draft, target: Model, shape, sampling) -> str:

@@ -44,12 +44,6 @@ def lap(step, alone, draft, target, state, n_end, sampling, k: int):
     return (time.perf_counter() - t0) / max(int(report[0].any(-1).sum()), 1), report
 
 
-def other_keys(keys):
-    """[B] keys of the laps' own, never the run's: its keys' bits flipped (a new threefry key; fold_in would
-    compile a program of its own on a first run, 0.1 s)."""
-    return jax.random.wrap_key_data(np.asarray(jax.random.key_data(keys)) ^ np.uint32(0xFFFFFFFF))
-
-
 def costs(timed, K: int) -> dict:
     """{"v": [K + 1] iteration costs in units of k = 0's, "spread": what was added to each k >= 1,
     "prefill": the draft's prefill in those units, "ms": k = 0's fastest lap, milliseconds an iteration}.
