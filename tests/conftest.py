@@ -11,7 +11,7 @@ os.environ["PICOSPEC_JIT_CACHE"] = "off"
 # The test models are tiny: they spend most of their time compiling and little running, so the suite
 # compiles without XLA's backend optimizations and with XLA:CPU's older, quicker code generator for
 # fused operations (the fast suite on 2 cores: 345 s with the first alone, 214 s with both), without
-# LLVM's expensive passes, and in one piece, not split for threads the two test processes do not have
+# LLVM's expensive passes, and in one piece, not split for threads the test processes do not have
 # (the zoo and adaptive-K tests: 72 s of CPU against 98 s). PICOSPEC_TEST_XLA_OPT=1 keeps XLA's defaults,
 # to run the suite on the build users get. XLA aborts the process, silently, at a flag it does not know:
 # jaxlib 0.11 dropped the older code generator's switch, and the others were measured on jaxlib 0.10.
