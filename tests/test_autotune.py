@@ -1,6 +1,7 @@
 """--K auto's tuner (picospec/tools/autotune/): costs from laps of the run's own compiled programs, their
 shape, their spread and rounding, the prior the laps see, and what is kept between runs."""
 
+import importlib
 import json
 
 import jax
@@ -132,7 +133,8 @@ def auto_run(capsys, *flags):
 def test_auto_times_its_own_programs_once_and_decides_alike_from_what_it_kept(capsys, tmp_path, monkeypatch):
     """A first --K auto run times the CLI's compiled iterations and keeps the costs in costs.json (v(0) = 1,
     never falling, steps of 1/32); a repeated run reads them (timing again fails the test) and, with the
-    same prior from its laps, drafts the same k and writes the same tokens. --json shows what it decided from."""
+    same prior from its laps, drafts the same k and writes the same tokens. --json shows what it decided from.
+    Either run prepares every block size before its clock starts (a repeated run runs no laps that would)."""
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # less to compile here
     first = auto_run(capsys, "--temperature", "0.8")
@@ -140,7 +142,10 @@ def test_auto_times_its_own_programs_once_and_decides_alike_from_what_it_kept(ca
     v = kept["v"]
     assert len(v) == 4 and v[0] == 1.0 and v == sorted(v) and all(x * 32 == int(x * 32) for x in v)
     monkeypatch.setattr(laps, "costs", lambda *args: pytest.fail("timed again"))
+    stream_module, warmed = importlib.import_module("picospec.tools.cli.stream"), []
+    monkeypatch.setattr(stream_module, "warm", lambda *args: warmed.append(args) or warm(*args))
     again = auto_run(capsys, "--temperature", "0.8")
+    assert len(warmed) == 1
     assert again["tokens"] == first["tokens"] and [s["k"] for s in again["steps"]] == [s["k"] for s in first["steps"]]
     said = again["stats"]["auto"]
     assert said["costs"] == v and said["spread"] == kept["spread"] and len(said["prior"]) == 2

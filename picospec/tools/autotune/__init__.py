@@ -50,8 +50,8 @@ def tune(step, alone, models, init, tokens, n_prompt, keys, n_end, sampling):
     own = init(laps.force(draft, K), target, tokens, n_prompt, others)  # the prior's lap: after the prompts
     ran, _, rows = laps.lap(step, alone, draft, target, own, n_end, sampling, K)[1]
     prior = laps.evidence(ran, rows)
-    policy = dataclasses.replace(draft.policy, v=np.float32(found["v"]), prior=np.float32(prior),
-                                 prefill=np.float32(found["prefill"]))
+    policy = jax.device_put(dataclasses.replace(draft.policy, v=np.float32(found["v"]), prior=np.float32(prior),
+                                                prefill=np.float32(found["prefill"])))  # moved once, not each call
     return dataclasses.replace(draft, policy=policy), found | {"prior": prior}
 
 

@@ -123,9 +123,9 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
                        dict(eos_id=eos_id), n=n_alone, warm=warm)
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
         alone_compiled = ThreadPoolExecutor(1).submit(alone_program, False)  # of the GIL), first run in a lap
-    step, _ = program(models, state, iteration, options, warm=tune is None)  # tuning's first laps run them first
-    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto and tune is None:  # each block size auto
-        warm(step, *models, state, n_end, sampling)  # may score, prepared (tuning's first laps prepare them)
+    step, _ = program(models, state, iteration, options)
+    if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
+        warm(step, *models, state, n_end, sampling)  # (kept costs run no laps: left out, a run paid ~0.1 s more)
     if tune is not None:  # time the compiled iterations, and start again with the policy they tune
         alone = alone_compiled.result()[0]
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
