@@ -26,7 +26,7 @@ from picospec.tools.checkpoints.weights import (
     load_tokenizer,
 )
 from picospec.tools.cli.flags import parse_args
-from picospec.tools.cli.options import K_max, k_used, read_prompts, tree_shape, use_platform
+from picospec.tools.cli.options import K_max, read_prompts, tree_shape, use_platform
 from picospec.tools.cli.picture import draw
 from picospec.tools.cli.show import batch_stats, coloured, legend, row_record, show, summary
 from picospec.tools.cli.stream import Timing, stream
@@ -79,14 +79,14 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], tokenizer, prompts[b], timing.compile_seconds)
-                records[b]["stats"] |= where | (settings | k_used(steps[b]) if mode == "speculative" else {})
+                records[b]["stats"] |= where | (settings if mode == "speculative" else {})
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
     stats = batch_stats(records, timing.seconds, timing.compile_seconds) | where
-    stats |= settings | k_used([s for row in steps for s in row]) if mode == "speculative" else {}
+    stats |= settings if mode == "speculative" else {}
     if mode == "speculative" and args.K == "auto":  # what auto decided, and why
         stats["auto"] = autotune.explain(timing.tuned, [s for row in steps for s in row])
         if B == 1:

@@ -87,12 +87,6 @@ def tree_shape(args, draft=None, target=None, prompts=(), sampling=None) -> Shap
     return budget if p is None else budget._replace(calibration=calibration(p, q, budget.W))  # and calibrated
 
 
-def k_used(steps) -> dict:
-    """The drafts the target checked per call, on average (K itself unless a policy stopped early)."""
-    proposed = [s.k for s in steps if s.proposed]
-    return {"K_used": sum(proposed) / len(proposed) if proposed else 0.0}
-
-
 def read_prompts(args) -> list[str]:
     """The --prompt flags, then the --prompt-file's lines (`-` reads stdin); blank lines are skipped."""
     texts = list(args.prompt or [])

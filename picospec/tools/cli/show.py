@@ -51,11 +51,14 @@ def batch_stats(rows: list[dict], seconds: float, compile_seconds: float) -> dic
 
 
 def figures(steps: list[dict], seconds: float, compile_seconds: float) -> dict:
-    """Step records' tokens, calls, tokens per call and acceptance (None: nothing drafted), and speed."""
+    """Step records' tokens, calls, tokens per call and acceptance (None: nothing drafted), and speed; speculative
+    ones also K_used, the drafts the target checked per call that drafted (K unless a policy stopped early)."""
     n_tokens, drafted = sum(len(s["tokens"]) for s in steps), sum(s.get("k", 0) for s in steps)
+    calls = sum(s.get("proposed", False) for s in steps)
     return {"n_tokens": n_tokens, "n_steps": len(steps), "tokens_per_step": n_tokens / len(steps),
             "acceptance_rate": sum(s.get("accepted", 0) for s in steps) / drafted if drafted else None,
-            "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds}
+            "seconds": seconds, "tokens_per_second": n_tokens / seconds, "compile_seconds": compile_seconds} | (
+        {"K_used": drafted / calls if calls else 0.0} if "proposed" in steps[0] else {})
 
 
 def summary(mode: str, stats: dict, what: str = "") -> str:
