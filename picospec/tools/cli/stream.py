@@ -112,20 +112,20 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     platform = run_device().platform
     n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), platform)
 
-    def program(models, state, iteration, options, n=n, warm=True):  # n iterations a dispatch: (it, seconds)
+    def program(models, state, iteration, options, n=n):  # n iterations a dispatch, compiled: (it, seconds)
         return compile_now(on_device.run_ahead, models, state, n_end, sampling, donate=("state",), B=len(prompts),
-                           warm=warm, each=iteration, n=n, **options)
+                           each=iteration, n=n, **options)
 
     n_alone = on_device.run_ahead_for(on_device.weights_read((target,), 0), platform)
 
-    def alone_program(warm=True):  # the target's own steps, once the draft has stopped for good (k = 0)
+    def alone_program():  # the target's own steps, once the draft has stopped for good (k = 0)
         return program((target,), on_device.as_decode(state), on_device.autoregressive_iteration,
-                       dict(eos_id=eos_id), n=n_alone, warm=warm)
+                       dict(eos_id=eos_id), n=n_alone)
     if tune is not None:  # auto times k = 0 too, the target's own program, compiled beside the other (XLA lets go
-        alone_compiled = ThreadPoolExecutor(1).submit(alone_program, False)  # of the GIL), first run in a lap
+        alone_compiled = ThreadPoolExecutor(1).submit(alone_program)  # of the GIL: the two compile on two cores)
     step, _ = program(models, state, iteration, options)
     if isinstance(models[0], AdaptiveDraft) and models[0].policy.auto:  # each block size auto may score, prepared
-        warm(step, *models, state, n_end, sampling)  # (kept costs run no laps: left out, a run paid ~0.1 s more)
+        warm(step, *models, state, n_end, sampling)  # (tuned or not: kept costs run no laps that would)
     if tune is not None:  # time the compiled iterations, and start again with the policy they tune
         alone = alone_compiled.result()[0]
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
