@@ -130,14 +130,25 @@ def auto_run(capsys, *flags):
     return json.loads(capsys.readouterr().out)
 
 
-def test_auto_times_its_own_programs_once_and_decides_alike_from_what_it_kept(capsys, tmp_path, monkeypatch):
+def test_auto_times_its_own_programs_once_and_decides_alike_from_what_it_kept(capsys, tmp_path, monkeypatch,
+                                                                              compiles):
     """A first --K auto run times the CLI's compiled iterations and keeps the costs in costs.json (v(0) = 1,
     never falling, steps of 1/32); a repeated run reads them (timing again fails the test) and, with the
     same prior from its laps, drafts the same k and writes the same tokens. --json shows what it decided from.
-    Either run prepares every block size before its clock starts (a repeated run runs no laps that would)."""
+    Either run prepares every block size before its clock starts (a repeated run runs no laps that would), and
+    tuning compiles nothing of its own: it runs the programs compiled already (a small jnp operation is one more)."""
     monkeypatch.setenv("PICOSPEC_JIT_CACHE", str(tmp_path / "jit"))
     monkeypatch.setattr(options, "AUTO_K_MAX", 3)  # less to compile here
+    tune, compiled_in_tune = autotune.tune, []
+
+    def counted(*args):
+        before = compiles.count
+        tuned = tune(*args)
+        compiled_in_tune.append(compiles.count - before)
+        return tuned
+    monkeypatch.setattr(autotune, "tune", counted)
     first = auto_run(capsys, "--temperature", "0.8")
+    assert compiled_in_tune == [0]
     (kept,) = json.loads((tmp_path / "jit" / "costs.json").read_text()).values()
     v = kept["v"]
     assert len(v) == 4 and v[0] == 1.0 and v == sorted(v) and all(x * 32 == int(x * 32) for x in v)
