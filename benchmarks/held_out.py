@@ -6,7 +6,9 @@ decoding and every fixed K.
 
 The bundled held-out file is split in two: its first half to tune on, its second half to report (the
 default). Round r takes the half's verses from r * B on, their first 3 to 6 words as B prompts, and runs
-every contender on them, each a fresh `picospec` process as a user runs it, in a shuffled order:
+every contender on them, each a fresh `picospec` process as a user runs it, in a shuffled order (B = 1:
+--singles prompts a round, from r * singles on, each its own process, the contenders shuffled for each;
+the round's figure is their tokens over their seconds, as a batch's is, not one prompt's):
 autoregressive decoding twice (their ratio is the row's noise floor), fixed K = 1..7, and --K auto
 (with its costs timed and kept before the first round). A contender's figure is the CLI's own tokens/s
 (compiling left out); a ratio is the median over the rounds of the ratios within each round (both
@@ -61,18 +63,22 @@ def race(B: int, T: float, args, chosen: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as folder:  # its own cache folder: auto times the machine anew each race
         cli = partial(run_cli, cache=str(Path(folder) / "jit"))
         for r in range(args.rounds):
-            file = Path(folder) / f"round{r}.txt"
-            file.write_text("\n".join(prompts(args.half, r * B, B)) + "\n")
+            texts = prompts(args.half, r * args.singles, args.singles) if B == 1 else [prompts(args.half, r * B, B)]
+            files = [Path(folder) / f"round{r}-{i}.txt" for i in range(len(texts))]  # B = 1: one a prompt
+            for file, text in zip(files, texts):
+                file.write_text("\n".join([text] if B == 1 else text) + "\n")
             extra = ["--n-tokens", str(args.n_tokens), "--seed", str(r), *sampled]
             if r == 0:  # compile every program, and time auto's costs, before the first round
                 for flags in contenders.values():
-                    cli(flags, str(file), extra)
-            for name in rng.permutation(list(contenders)):
-                stats = cli(contenders[name], str(file), extra)
-                speeds[name].append(stats["tokens_per_second"])
-                if name == "auto":  # the k it drafted on average, and what it decided from
-                    k_auto.append(stats.get("K_used", float("nan")))
-                    decided.append(stats.get("auto"))
+                    cli(flags, str(files[0]), extra)
+            ran = {name: [] for name in contenders}  # each contender's stats on each of the round's files
+            for file in files:
+                for name in rng.permutation(list(contenders)):
+                    ran[name].append(cli(contenders[name], str(file), extra))
+            for name, runs in ran.items():  # the round's tokens over its seconds
+                speeds[name].append(sum(x["n_tokens"] for x in runs) / sum(x["seconds"] for x in runs))
+            k_auto.append(float(np.mean([x.get("K_used", np.nan) for x in ran["auto"]])))  # the k it drafted
+            decided += [x.get("auto") for x in ran["auto"]]  # and what it decided from, each run
     ratio = {name: statistics.median(np.divide(s, speeds["autoregressive"])) for name, s in speeds.items()}
     best = max((n for n in contenders if n.startswith("K =")), key=ratio.get)
     over_best = {n: statistics.median(np.divide(speeds[n], speeds[best])) for n in contenders if "auto" in n}
@@ -90,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--n-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--singles", type=int, default=8, help="B = 1: prompts a round, each its own process")
     parser.add_argument("--ks", default="1,2,3,4,5,6,7", help="the fixed K raced")
     parser.add_argument("--draft", default="tiny-draft", help="the draft (tiny-head: the EAGLE head)")
     parser.add_argument("--json", default="held_out.json")

@@ -184,7 +184,8 @@ def test_the_eagle_benchmark_measures_both_drafts_from_the_same_runs(tmp_path, c
 @pytest.mark.slow  # a dozen CLI processes, --K auto's costs timed first
 def test_the_held_out_race_reports_on_the_half_it_was_not_tuned_on(tmp_path, capsys):
     """benchmarks/held_out.py: the report half's prompts come from the second half of the held-out file
-    only, and one short round through the CLI gives every contender's figures and the noise floor."""
+    only, and one short round through the CLI gives every contender's figures and the noise floor (B = 1: over
+    --singles prompts, each its own process)."""
     import held_out
 
     from picospec.tools.checkpoints.weights import BUNDLED_DIR
@@ -192,9 +193,12 @@ def test_the_held_out_race_reports_on_the_half_it_was_not_tuned_on(tmp_path, cap
     half = len(lines) // 2
     for name, mine in (("tune", lines[:half]), ("report", lines[half:])):
         assert all(any(line.startswith(p) for line in mine) for p in held_out.prompts(name, 0, half))
-    held_out.main(["--batches", "2", "--temperatures", "0", "--rounds", "1", "--n-tokens", "4",
-                   "--json", str(tmp_path / "race.json")])
-    row, = json.loads((tmp_path / "race.json").read_text())
-    assert set(row["ratio"]) == {"autoregressive", "autoregressive again", "auto", *(f"K = {K}" for K in range(1, 8))}
-    assert row["ratio"]["autoregressive"] == 1.0 and row["best"].startswith("K =") and row["floor"] > 0
-    assert "| 2 | 0 |" in capsys.readouterr().out
+    held_out.main(["--batches", "1,2", "--temperatures", "0", "--rounds", "1", "--n-tokens", "4", "--ks", "2,4",
+                   "--singles", "2", "--json", str(tmp_path / "race.json")])
+    one, two = json.loads((tmp_path / "race.json").read_text())
+    for row in (one, two):
+        assert set(row["ratio"]) == {"autoregressive", "autoregressive again", "auto", "K = 2", "K = 4"}
+        assert row["ratio"]["autoregressive"] == 1.0 and row["best"].startswith("K =") and row["floor"] > 0
+    assert len(one["decided"]) == 2 and len(two["decided"]) == 1  # auto's decisions, each run: two prompts, one batch
+    out = capsys.readouterr().out
+    assert "| 1 | 0 |" in out and "| 2 | 0 |" in out
