@@ -63,10 +63,11 @@ def race(B: int, T: float, args, chosen: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as folder:  # its own cache folder: auto times the machine anew each race
         cli = partial(run_cli, cache=str(Path(folder) / "jit"))
         for r in range(args.rounds):
-            texts = prompts(args.half, r * args.singles, args.singles) if B == 1 else [prompts(args.half, r * B, B)]
-            files = [Path(folder) / f"round{r}-{i}.txt" for i in range(len(texts))]  # B = 1: one a prompt
-            for file, text in zip(files, texts):
-                file.write_text("\n".join([text] if B == 1 else text) + "\n")
+            groups = ([[p] for p in prompts(args.half, r * args.singles, args.singles)] if B == 1  # one a process
+                      else [prompts(args.half, r * B, B)])
+            files = [Path(folder) / f"round{r}-{i}.txt" for i in range(len(groups))]
+            for file, group in zip(files, groups):
+                file.write_text("\n".join(group) + "\n")
             extra = ["--n-tokens", str(args.n_tokens), "--seed", str(r), *sampled]
             if r == 0:  # compile every program, and time auto's costs, before the first round
                 for flags in contenders.values():
