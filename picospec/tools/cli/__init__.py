@@ -57,9 +57,10 @@ def load(args):
 def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tuple[list[dict], dict]:
     """One sampler over every prompt: print as it goes, return each row's record and the batch's figures."""
     B, timing, where = len(prompts), Timing(), {"device": device, "dtype": args.dtype}
-    settings = {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
-                "tree": args.shape and {"nodes": args.tree, "children": args.children} | (
-                    args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
+    if mode == "speculative":  # and how it drafted
+        where |= {"verify": args.verify, "K": args.K, "confidence": args.confidence, "drafts": args.drafts,
+                  "tree": args.shape and {"nodes": args.tree, "children": args.children} | (
+                      args.shape._asdict() if isinstance(args.shape, Grown) else {"parents": list(args.shape.parents)})}
     keys = jax.random.split(jax.random.key(args.seed), B)
     eos = eos_token_id(target, tokenizer) if args.stop_at_eos else -1
     steps, records, text = [[] for _ in range(B)], [None] * B, ""
@@ -68,7 +69,7 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
     policy = autotune.make_policy(args) if mode == "speculative" else None
     tune = autotune.tune if mode == "speculative" and args.K == "auto" else None
     for iteration in stream(draft if mode == "speculative" else None, target, prompts, args.n_tokens, keys,
-                            K=K_max(args), sampling=checks.sampling(args.temperature, args.top_k, args.top_p),
+                            K=K_max(args), sampling=args.sampling,
                             eos_id=eos, timing=timing, verify=args.verify, policy=policy, drafts=args.drafts,
                             tree=args.shape, children=args.children, tune=tune):
         for b, step in enumerate(iteration):
@@ -79,14 +80,13 @@ def run(args, mode, draft, target, tokenizer, texts, prompts, out, device) -> tu
             steps[b].append(step)
             if step.finished:
                 records[b] = row_record(mode, steps[b], tokenizer, prompts[b], timing.compile_seconds)
-                records[b]["stats"] |= where | (settings if mode == "speculative" else {})
+                records[b]["stats"] |= where
                 if B > 1:
                     print_row(args, mode, b, texts, records[b], out)
     if out and B == 1:
         out.write("\n")
         print(summary(mode, records[0]["stats"]), file=sys.stderr)
     stats = batch_stats(records, timing.seconds, timing.compile_seconds) | where
-    stats |= settings if mode == "speculative" else {}
     if mode == "speculative" and args.K == "auto":  # what auto decided, and why
         stats["auto"] = autotune.explain(timing.tuned, [s for row in steps for s in row])
         if B == 1:
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         device = {"platform": chosen.platform, "kind": chosen.device_kind, "name": str(chosen)}
         args.dtype = args.dtype or default_dtype(chosen.platform)
         use_persistent_cache()  # a second run of the same command compiles nothing
-        checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading anything
+        args.sampling = checks.sampling(args.temperature, args.top_k, args.top_p)  # the cheap checks, before loading
         checks.positive("K", K_max(args))
         checks.positive("n-tokens", args.n_tokens)
         checks.confidence(args.confidence)
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         tokenizer, draft, target = load(args)
         prompts = [tokenizer.encode(t).ids or [eos_token_id(target, tokenizer)] for t in texts]
         checks.prompts(prompts, args.n_tokens, 0 if args.mode == "autoregressive" else K_max(args), target.config)
-        args.shape = tree_shape(args, draft, target, prompts, checks.sampling(args.temperature, args.top_k, args.top_p))
+        args.shape = tree_shape(args, draft, target, prompts, args.sampling)
         modes = ["autoregressive", "speculative"] if args.mode == "compare" else [args.mode]
         results = {}
         for mode in modes:

@@ -49,21 +49,18 @@ def speculative_iteration(draft, target, state, n_end, sampling, idle, K, eos_id
     draft = in_batch(draft)
     going = branch_on_cpu(lambda: jax.lax.cond(idle, lambda: jnp.array(False), lambda: batch_drafting(draft, state)),
                           lambda: ~idle & batch_drafting(draft, state))
-    return rows_iteration(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_end, going)
+    active = unfinished(state, n_end) & going  # [B]
+    state = skip_when_finished(active, lambda s: batch_step(
+        lambda row: step(draft, target, row, K, sampling, eos_id, verify), s, n_end), state)
+    rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
+    rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
+    return state, as_batch(state, (active, unfinished(state, n_end), rows))
 
 
 def as_decode(state) -> DecodeState:
     """A speculative state as the target's own (autoregressive_iteration's), for once the draft has stopped for
     good: loop.target_alone's step is autoregressive_step, from the same key, so the tokens are the same."""
     return DecodeState(state.tokens, state.n, state.target_cache, state.key, state.done)
-
-
-def rows_iteration(one_row, state, n_end, going):
-    active = unfinished(state, n_end) & going  # [B]
-    state = skip_when_finished(active, lambda s: batch_step(one_row, s, n_end), state)
-    rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
-    rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
-    return state, as_batch(state, (active, unfinished(state, n_end), rows))
 
 
 def autoregressive_iteration(model, state, n_end, sampling, idle, eos_id):
