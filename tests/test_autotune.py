@@ -53,7 +53,7 @@ def test_timed_costs_take_the_shape_of_an_iteration():
     assert cost_model.never_less(slow) == slow
 
 
-def fake_laps(seconds):
+def fake_laps(monkeypatch, seconds):
     """(the laps' calls by k, a timed(k) for laps.costs): seconds(k, r) is what a lap of k takes in round r (0:
     the first laps, not counted; a round laps k = 0, every other timed k, and k = 0 again)."""
     calls, per_round = {}, len(cost_model.worth_timing(7)) + 1
@@ -62,31 +62,32 @@ def fake_laps(seconds):
         r = sum(calls.values()) // per_round
         calls[k] = calls.get(k, 0) + 1
         return seconds(k, r)
+    monkeypatch.setattr(laps, "SECONDS", 0.0)  # the fewest rounds
     return calls, timed
 
 
-def test_costs_are_the_fastest_laps_over_the_target_alone_whatever_slows_them():
+def test_costs_are_the_fastest_laps_over_the_target_alone_whatever_slows_them(monkeypatch):
     """Every k's fastest lap over k = 0's, so a machine that runs 2.5x slower in one round, or one lap 3x
     slow, changes nothing (the control: means of the same laps would); rounded up to 1/32; the first lap
     of each k prepares it and is not counted; each k >= 1 raised by the rounds' spread, none here."""
     slowdown = [1.0, 2.5, 1.0, 1.3]  # a round's machine speed, every lap of it alike
     shaped = iteration_shaped(0.3)
     seconds = lambda k, r: 1e-3 * shaped[k] * (9.0 if r == 0 else slowdown[r - 1] * (3 if (k, r) == (7, 2) else 1))  # noqa: E731
-    calls, timed = fake_laps(seconds)
+    calls, timed = fake_laps(monkeypatch, seconds)
     found = laps.costs(timed, 7)
-    assert calls == {k: (2 + 2 * laps.ROUNDS) if k == 0 else 1 + laps.ROUNDS for k in cost_model.worth_timing(7)}
+    assert calls == {k: (2 + 2 * laps.MIN_ROUNDS) if k == 0 else 1 + laps.MIN_ROUNDS for k in cost_model.worth_timing(7)}
     assert found["v"] == [np.ceil(x * 32 - 1e-6) / 32 for x in shaped] and found["spread"] == 0
-    assert found["ms"] == pytest.approx(1.0) and found["rounds"] == laps.ROUNDS
+    assert found["ms"] == pytest.approx(1.0) and found["rounds"] == laps.MIN_ROUNDS
     means = {k: np.mean([seconds(k, r) for r in range(1, 5)]) for k in (0, 7)}
     assert abs(means[7] / means[0] - shaped[7]) > 0.2  # the control
 
 
-def test_ratios_that_move_between_rounds_raise_drafting_by_their_spread():
+def test_ratios_that_move_between_rounds_raise_drafting_by_their_spread(monkeypatch):
     """Drafting must win by more than the timing can tell: ratios that differ round to round by +-10% of
     the target's step (the even rounds' fastest laps against the odd rounds' 0.2 apart) add 0.2 / sqrt(2)
     to every k >= 1, never to k = 0."""
     shaped, wobble = iteration_shaped(0.3), [0.1, -0.1, 0.1, -0.1]
-    found = laps.costs(fake_laps(lambda k, r: 1e-3 * (shaped[k] + (wobble[r - 1] if k and r else 0.0)))[1], 7)
+    found = laps.costs(fake_laps(monkeypatch, lambda k, r: 1e-3 * (shaped[k] + (wobble[r - 1] if k and r else 0.0)))[1], 7)
     spread = 0.2 / np.sqrt(2)
     assert found["spread"] == pytest.approx(spread, abs=1e-4) and found["v"][0] == 1.0
     fastest = [x - 0.1 for x in shaped[1:]]  # each k's fastest lap: its -0.1 rounds

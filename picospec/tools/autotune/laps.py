@@ -10,8 +10,7 @@ fastest: v(k) in units of the target's own iteration. Only these ratios are weig
 slow today decides alike), given the shape an iteration's time has (cost_model.py), raised by their own
 spread (how far half the rounds move them: drafting must win by more than the timing can tell), rounded
 up to 1/STEPS and kept, so that the same command on the same machine drafts the same k. Timed anew, in
-another process, they may move by more than that spread (by ~25% on a busy 2-core machine, whose speed
-drifts from minute to minute and slows some programs more than others): more rounds would not still them.
+another process, they may move by more than that spread: a busy 2-core machine's process states differ.
 
 The timed laps start from each prompt's first token (room for every lap). One more lap, from the prompts
 themselves with keys of their own, gives the prior the run starts from: its drafts' chance of acceptance
@@ -30,7 +29,8 @@ from picospec.beyond.policy import ALIKE
 from picospec.tools.autotune.cost_model import never_less, per_block, worth_timing
 from picospec.tools.cli.stream import copy, force
 
-ROUNDS = 4  # of laps of every timed k (~0.2 s a round on the bundled pair)
+SECONDS = 1.5  # the laps run at least MIN_ROUNDS rounds and then until this long has passed
+MIN_ROUNDS, MAX_ROUNDS = 4, 12
 STEPS = 32  # costs are rounded to 1/32 of the target's own iteration
 PRIOR = ALIKE  # judged drafts the laps' evidence counts for at most: text of the same two models, not this one's
 
@@ -51,9 +51,9 @@ def costs(timed, K: int) -> dict:
     ks = worth_timing(K)
     for k in ks + [0]:  # first laps, not counted: a program's first runs (a branch's) prepare it
         timed(k)
-    rounds = []
-    for r in range(ROUNDS):
-        order = ks[1:] if r % 2 == 0 else ks[:0:-1]  # a place in the round tells on a time: alternate
+    rounds, t0 = [], time.perf_counter()
+    while len(rounds) < MAX_ROUNDS and (len(rounds) < MIN_ROUNDS or time.perf_counter() - t0 < SECONDS):
+        order = ks[1:] if len(rounds) % 2 == 0 else ks[:0:-1]  # a place in the round tells on a time: alternate
         first = timed(0)  # k = 0 at both ends of the round: its laps are the shortest, and so the noisiest
         rounds.append({k: timed(k) for k in order} | {0: min(first, timed(0))})
     halves = ratios(rounds[0::2], ks, K), ratios(rounds[1::2], ks, K)  # how far the estimate moves with half the
