@@ -11,8 +11,8 @@ slow today decides alike), given the shape an iteration's time has (cost_model.p
 spread (how far half the rounds move them: drafting must win by more than the timing can tell), rounded
 up to 1/STEPS and kept, so that the same command on the same machine drafts the same k. Timed anew, in
 another process, they may move by more than that spread (by up to a quarter on a busy 2-core machine, whose
-speed drifts from minute to minute and slows some programs more than others). Fewer rounds would not move
-them more, but would widen the spread: four rounds alone drafted less where drafting paid.
+speed drifts from minute to minute and slows some programs more than others). Four rounds alone move them
+no more, but widen the spread (a median 0.17 against 0.095, six fresh processes each on a 2-core Xeon).
 
 The timed laps start from each prompt's first token (room for every lap). One more lap, from the prompts
 themselves with keys of their own, gives the prior the run starts from: its drafts' chance of acceptance
