@@ -44,8 +44,7 @@ def compile_now(fn, *args, donate=(), B=1, warm=True, **static):
     memory, and (warm) run once on copies of the donated ones: XLA:CPU's kernel library finishes preparing a
     program on its first run (tens of ms on the bundled pair), start-up counted with compiling."""
     t0 = time.perf_counter()
-    names = list(inspect.signature(fn).parameters)
-    donated = tuple(i for i in range(len(args)) if names[i] in donate)
+    donated = tuple(i for i, name in enumerate(inspect.signature(fn).parameters) if name in donate)
     program = compiled(fn, args, static, donated)
     copies = sum(x.nbytes for i in donated for x in jax.tree_util.tree_leaves(args[i]))
     check_memory(compiled_need(program) + copies, B)
@@ -89,9 +88,8 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     if draft is not None:
         draft_checks.pair(draft, target, K, verify, drafts, policy is not None)
         K, tree = as_tree(K, drafts, tree)
-    checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
-    if draft is not None:
         draft, step, rule = plug_in(draft, target, K, verify, drafts, policy, tree, children)
+    checks.prompts(prompts, n_tokens, 0 if draft is None else K, target.config)
     tokens, n_prompt, prefill_len, max_len = batch_buffers(prompts, n_tokens, 0 if draft is None else K, target.config)
     sizes = dict(prefill_len=prefill_len, max_len=max_len)
     n_end = n_prompt + n_tokens if len(prompts) > 1 else n_prompt[0] + n_tokens  # [B], a lone row's []
@@ -106,9 +104,11 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
     t_compiling = time.perf_counter()  # compiling, and (--K auto) tuning: all but the prefill the clock starts from
     init, _ = compile_now(begin, *models, tokens, n_prompt, keys, B=len(prompts), **begin_options,
                           warm=len(prompts) * prefill_len <= WARM_TOKENS)
-    t0 = time.perf_counter()
-    state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
-    prefill_seconds = time.perf_counter() - t0
+
+    def started(models):  # (every row's state before its first iteration, the seconds the prefill took)
+        t0 = time.perf_counter()
+        return jax.block_until_ready(init(*models, tokens, n_prompt, keys)), time.perf_counter() - t0
+    state, prefill_seconds = started(models)
     platform = run_device().platform
     n = on_device.run_ahead_for(on_device.weights_read(models, 0 if draft is None else K), platform)
 
@@ -131,9 +131,7 @@ def stream(draft, target: Model, prompts, n_tokens: int, keys, *, K: int = 4, sa
         alone_step = lambda models, state, *rest: alone((models[-1],), on_device.as_decode(state), *rest)  # noqa: E731
         draft, timing.tuned = tune(step, alone_step, models, init, tokens, n_prompt, keys, n_end, sampling)
         models = (draft, target)
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(init(*models, tokens, n_prompt, keys))
-        prefill_seconds = time.perf_counter() - t0
+        state, prefill_seconds = started(models)
     timing.compile_seconds += time.perf_counter() - t_compiling - prefill_seconds
     t_start = time.perf_counter() - prefill_seconds  # the clock runs from the prefill, compiling left out
     produced, most = np.zeros(len(prompts), int), n * ((0 if draft is None else K) + 1)  # tokens n iterations add
