@@ -49,9 +49,7 @@ def speculative_iteration(draft, target, state, n_end, sampling, idle, K, eos_id
     draft = in_batch(draft)
     going = branch_on_cpu(lambda: jax.lax.cond(idle, lambda: jnp.array(False), lambda: batch_drafting(draft, state)),
                           lambda: ~idle & batch_drafting(draft, state))
-    active = unfinished(state, n_end) & going  # [B]
-    state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: step(draft, target, row, K, sampling, eos_id, verify), s, n_end), state)
+    state, active = step_rows(lambda row: step(draft, target, row, K, sampling, eos_id, verify), state, n_end, going)
     rows = over_rows(lambda row: trace_row(row.trace, row.trace.n_steps - 1), state)
     rows = rows._replace(finite=state.trace.finite)  # [B, 2]: the rows' flags so far
     return state, as_batch(state, (active, unfinished(state, n_end), rows))
@@ -65,9 +63,7 @@ def as_decode(state) -> DecodeState:
 
 def autoregressive_iteration(model, state, n_end, sampling, idle, eos_id):
     """Every unfinished row's next token; returns the state and (ran, still runs, token), all [B]."""
-    active = unfinished(state, n_end) & ~idle  # [B]
-    state = skip_when_finished(active, lambda s: batch_step(
-        lambda row: autoregressive_step(model, row, sampling, eos_id), s, n_end), state)
+    state, active = step_rows(lambda row: autoregressive_step(model, row, sampling, eos_id), state, n_end, ~idle)
     newest = over_rows(lambda row: row.tokens[row.n - 1], state)
     return state, as_batch(state, (active, unfinished(state, n_end), newest))
 
@@ -85,11 +81,14 @@ def run_ahead(models, state, n_end, sampling, each, n: int, **options):
     return state, reports
 
 
-def skip_when_finished(active, step, state):
-    """step(state), or nothing at all once every row is finished (a dispatch runs past the last row's end). On an
-    accelerator it runs the step all the same, branch-free, and keeps every row that was not active as it was."""
+def step_rows(one_row, state, n_end, going):
+    """(the state after one_row's step of every unfinished row that is going, those rows [B]). Nothing runs at all
+    once none is (a dispatch runs past the last row's end); on an accelerator the step runs all the same,
+    branch-free, and keeps every row that was not active as it was."""
+    active = unfinished(state, n_end) & going  # [B]
+    step = lambda s: batch_step(one_row, s, n_end)  # noqa: E731
     return branch_on_cpu(lambda state: jax.lax.cond(jnp.any(active), step, lambda s: s, state),
-                         lambda state: keep_finished(active, step(state), state), state)
+                         lambda state: keep_finished(active, step(state), state), state), active
 
 
 SHOW_EVERY = 0.05  # seconds: a dispatch holds about this much work, at most MOST_AHEAD iterations (run_ahead_for)
